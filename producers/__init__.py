@@ -1,0 +1,1 @@
+"""rollstream producers: env loops, policies, the producer process."""

@@ -1,0 +1,1 @@
+"""rollstream schemas: the contract between producers and consumer."""

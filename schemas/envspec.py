@@ -1,0 +1,84 @@
+"""Env specs: what a config tag means (which gymnasium env, with which settings).
+
+`custom_envs` in a config maps a tag to an `EnvSpec`. The four tags of the design document
+have defaults here (ROLL's settings), so a config that names them needs no `custom_envs`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SOKOBAN_ID = "rollstream/Sokoban-v0"
+FROZENLAKE_ID = "rollstream/FrozenLake-v0"
+
+# ROLL's `env_type` names for our own envs; any other env is given by its gymnasium id.
+ENV_TYPE_IDS: dict[str, str] = {
+    "sokoban": SOKOBAN_ID,
+    "frozen_lake": FROZENLAKE_ID,
+    "frozenlake": FROZENLAKE_ID,
+}
+
+
+class EnvSpec(BaseModel):
+    """One env tag: a registered gymnasium id and the kwargs that `gymnasium.make` gets."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    env_id: str = Field(default="", description="registered gymnasium id, e.g. CartPole-v1")
+    env_type: str | None = Field(default=None, description="ROLL alias: sokoban, frozen_lake")
+    env_config: dict[str, Any] = Field(default_factory=dict, description="kwargs for make()")
+
+    @model_validator(mode="after")
+    def _resolve_id(self) -> EnvSpec:
+        if not self.env_id:
+            if self.env_type is None:
+                raise ValueError("needs env_id (a gymnasium id) or env_type (sokoban, frozen_lake)")
+            key = self.env_type.lower()
+            if key not in ENV_TYPE_IDS:
+                known = ", ".join(sorted(ENV_TYPE_IDS))
+                raise ValueError(f"env_type {self.env_type!r} is unknown (known: {known})")
+            self.env_id = ENV_TYPE_IDS[key]
+        return self
+
+
+# The seed's tags. Sokoban vocab keys: wall, empty, target, box_on_target, box, player,
+# player_on_target. FrozenLake's `p` is the probability that a random cell is frozen.
+DEFAULT_CUSTOM_ENVS: dict[str, dict[str, Any]] = {
+    "SimpleSokoban": {
+        "env_id": SOKOBAN_ID,
+        "env_config": {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 300, "max_steps": 10},
+    },
+    "LargerSokoban": {
+        "env_id": SOKOBAN_ID,
+        "env_config": {"dim_room": [10, 10], "num_boxes": 2, "search_depth": 10, "max_steps": 10},
+    },
+    "SokobanDifferentGridVocab": {
+        "env_id": SOKOBAN_ID,
+        "env_config": {
+            "dim_room": [6, 6],
+            "num_boxes": 1,
+            "search_depth": 30,
+            "max_steps": 10,
+            "grid_lookup": {
+                "wall": "W",
+                "empty": ".",
+                "target": "G",
+                "box_on_target": "C",
+                "box": "B",
+                "player": "A",
+                "player_on_target": "@",
+            },
+        },
+    },
+    "FrozenLake": {
+        "env_id": FROZENLAKE_ID,
+        "env_config": {"size": 4, "p": 0.8, "is_slippery": False, "max_steps": 10},
+    },
+}
+
+
+def default_env_specs() -> dict[str, EnvSpec]:
+    """Fresh `EnvSpec`s for the four seed tags."""
+    return {tag: EnvSpec.model_validate(spec) for tag, spec in DEFAULT_CUSTOM_ENVS.items()}
