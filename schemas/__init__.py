@@ -1,1 +1,30 @@
-"""rollstream schemas: the contract between producers and consumer."""
+"""rollstream schemas: the contract between producers and consumer.
+
+Config models, the trajectory wire format, the Redis key layout, episode seeds and the
+admission/expiry schedule live here once; producers and consumer both import them.
+"""
+
+from schemas.codec import SCHEMA_VERSION, decode_trajectory, encode_trajectory
+from schemas.config import EnvManagerConfig, PolicyConfig, RolloutConfig
+from schemas.envspec import EnvSpec
+from schemas.errors import BatchTimeout, ConfigError, DecodeError, RollstreamError
+from schemas.keys import Keys
+from schemas.protocol import Schedule
+from schemas.seeding import episode_seed
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "BatchTimeout",
+    "ConfigError",
+    "DecodeError",
+    "EnvManagerConfig",
+    "EnvSpec",
+    "Keys",
+    "PolicyConfig",
+    "RolloutConfig",
+    "RollstreamError",
+    "Schedule",
+    "decode_trajectory",
+    "encode_trajectory",
+    "episode_seed",
+]

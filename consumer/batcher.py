@@ -1,0 +1,470 @@
+"""The batcher: reads trajectory streams with a consumer group and hands out complete groups.
+
+`get_batch` reads with XREADGROUP (finite BLOCK, stream order rotated for fairness) until
+enough groups are complete, then returns the oldest-episode-first complete groups: a straggler
+never holds back groups that are done. Entries stay pending until `ack`, so a trainer that
+dies before acking gets the same batch from a restarted Batcher (its own pending entries are
+read again with id 0, and the handed-out batch is recorded under `{RUN}:inflight:...`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis as redis_lib
+
+from consumer.batch import Batch, Entry, batch_metrics
+from schemas.codec import ENTRY_FIELD, decode_trajectory, pack, unpack
+from schemas.config import RolloutConfig
+from schemas.errors import BatchTimeout, ConfigError, DecodeError
+from schemas.keys import CONSUMER_GROUP, Keys
+from schemas.protocol import Schedule
+
+logger = logging.getLogger(__name__)
+
+GroupKey = tuple[int, int, int]  # (val round, episode k, group id)
+WEIGHTS_KEPT = 3  # published weight versions kept in Redis
+
+
+@dataclass
+class GroupSlot:
+    """The members of one (round, episode, group) seen so far."""
+
+    key: GroupKey
+    seq: int
+    members: dict[int, tuple[Entry, dict[str, Any]]] = field(default_factory=dict)
+    failed: list[Entry] = field(default_factory=list)
+    priority: bool = False  # part of a batch handed out before a restart: deliver first
+
+    def entries(self) -> list[Entry]:
+        return [entry for entry, _ in self.members.values()] + self.failed
+
+
+@dataclass
+class ModeState:
+    """Everything the batcher holds for one mode."""
+
+    mode: str
+    schedule: Schedule
+    streams: list[str]
+    group_size: int
+    members: int
+    groups: dict[GroupKey, GroupSlot] = field(default_factory=dict)
+    ready: list[tuple[int, int, int, GroupKey]] = field(default_factory=list)
+    finished: dict[int, set[tuple[int, int]]] = field(default_factory=lambda: defaultdict(set))
+    counters: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    recovered: bool = False
+    rotate: int = 0
+    round: int = 0
+    seq: int = 0
+
+
+class Batcher:
+    """Turns the trajectory streams of a run into batches for the trainer.
+
+    `Batcher(redis_client, config, run="exp1")` publishes the config (producers read it from
+    Redis) and creates the consumer groups. Several batchers can split the groups:
+    `index=i, count=n` takes groups with `g % n == i`.
+    """
+
+    def __init__(
+        self,
+        redis: redis_lib.Redis,
+        config: RolloutConfig,
+        run: str = "rollstream",
+        *,
+        index: int = 0,
+        count: int = 1,
+        consumer: str | None = None,
+        block_ms: int = 1000,
+        claim_idle_ms: int = 30_000,
+        read_count: int = 256,
+        publish_config: bool = True,
+    ):
+        if redis.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ConfigError("Batcher needs a Redis client with decode_responses=False "
+                              "(messages are msgpack bytes)")
+        if not 0 <= index < count:
+            raise ConfigError(f"batcher index {index} must be in [0, {count})")
+        self.redis = redis
+        self.config = config
+        self.keys = Keys(run)
+        self.index, self.count = index, count
+        self.consumer = consumer or f"batcher-{index}"
+        self.block_ms = self._fit_block(redis, block_ms)
+        self.claim_idle_ms = claim_idle_ms
+        self.read_count = read_count
+        self.version = 0
+        self.totals: dict[str, float] = defaultdict(float)
+        self._states = {mode: self._new_state(mode) for mode in config.modes()}
+        self._last_claim = 0.0
+        if publish_config:
+            self._publish_config()
+        self._create_groups()
+        self.version = int(self.redis.get(self.keys.version) or 0)
+
+    # -- setup -------------------------------------------------------------------------------
+    @staticmethod
+    def _fit_block(redis: redis_lib.Redis, block_ms: int) -> int:
+        """BLOCK must end before the client's socket timeout, or the read looks like a hang."""
+        timeout = redis.connection_pool.connection_kwargs.get("socket_timeout")
+        if timeout:
+            block_ms = min(block_ms, max(1, int(timeout * 1000 * 0.8)))
+        return max(1, block_ms)
+
+    def _new_state(self, mode: str) -> ModeState:
+        manager = self.config.manager(mode)
+        streams = [self.keys.stream(mode, g) for g in range(manager.num_env_groups)
+                   if g % self.count == self.index]
+        schedule = Schedule(self.config.episodes_per_step(mode), self.config.ratio)
+        return ModeState(mode, schedule, streams, manager.group_size, manager.members)
+
+    def _publish_config(self) -> None:
+        keys = self.keys
+        old = self.redis.get(keys.config)
+        new = self.config.to_json()
+        if old is not None and old.decode() != new:
+            logger.warning("run %s: replacing its published config; restart the producers so "
+                           "they read the new one", keys.run)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(keys.config, new)
+        pipe.setnx(keys.version, 0)
+        pipe.setnx(keys.val_round, 0)
+        pipe.delete(keys.stop)
+        pipe.execute()
+
+    def _create_groups(self) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for state in self._states.values():
+            for stream in state.streams:
+                pipe.xgroup_create(stream, CONSUMER_GROUP, id="0", mkstream=True)
+        for reply in pipe.execute(raise_on_error=False):
+            if isinstance(reply, Exception) and "BUSYGROUP" not in str(reply):
+                raise reply
+
+    # -- the trainer API ---------------------------------------------------------------------
+    def get_batch(self, mode: str = "train", n: int | None = None,
+                  timeout_s: float = 60.0) -> Batch:
+        """Block until `n` trajectories in complete groups are ready (default: the mode's
+        batch size) and return them. Raises `BatchTimeout` after `timeout_s`."""
+        state = self._state(mode)
+        n = self.config.batch_size(mode) if n is None else n
+        if n <= 0 or n % state.group_size:
+            raise ConfigError(f"get_batch n={n} must be a positive multiple of "
+                              f"{mode}_env_manager.group_size {state.group_size}")
+        wanted = n // state.group_size
+        started = time.monotonic()
+        deadline = started + timeout_s
+        if mode == "train":
+            self._set_pause("sync", False)
+        else:
+            self._start_val_round(state)
+        self.version = int(self.redis.get(self.keys.version) or 0)
+        if not state.recovered:
+            self._recover(state)
+        self._evict_expired(state)
+        while self._ready_count(state) < wanted:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BatchTimeout(self._timeout_message(state, n, wanted, timeout_s))
+            self._read(state, block_ms=min(self.block_ms, max(1, int(remaining * 1000))))
+            if time.monotonic() - self._last_claim > self.claim_idle_ms / 1000:
+                self._reclaim(state)
+        batch = self._hand_out(state, wanted, time.monotonic() - started)
+        if mode == "train" and self.config.is_sync:
+            self._set_pause("sync", True)
+        return batch
+
+    def ack(self, batch: Batch) -> None:
+        """The trainer is done with `batch`: its entries are acked and deleted."""
+        pipe = self.redis.pipeline(transaction=False)
+        self._queue_drop(pipe, batch.entries)
+        pipe.delete(self.keys.inflight(batch.mode, self.consumer))
+        pipe.execute()
+
+    def publish_version(self, weights: bytes | None = None) -> int:
+        """Version + 1 (and optional policy weights for it); wakes the producers."""
+        keys = self.keys
+        version = int(self.redis.incr(keys.version))
+        pipe = self.redis.pipeline(transaction=False)
+        if weights is not None:
+            pipe.set(keys.weights(version), weights)
+            pipe.delete(keys.weights(version - WEIGHTS_KEPT))
+        pipe.publish(keys.control, b"version")
+        pipe.execute()
+        self.version = version
+        return version
+
+    def stop_run(self) -> None:
+        """Tell every producer of the run to exit."""
+        self.redis.set(self.keys.stop, 1)
+        self.redis.publish(self.keys.control, b"stop")
+
+    def close(self) -> None:
+        """Nothing to release: entries stay pending until acked. Kept for symmetry."""
+
+    # -- steps of get_batch -------------------------------------------------------------------
+    def _state(self, mode: str) -> ModeState:
+        if mode not in self._states:
+            self.config.manager(mode)  # raises the clear error for an unconfigured val mode
+            raise ConfigError(f"mode must be 'train' or 'val', not {mode!r}")
+        return self._states[mode]
+
+    def _set_pause(self, reason: str, on: bool) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        if on:
+            pipe.sadd(self.keys.pause, reason)
+        else:
+            pipe.srem(self.keys.pause, reason)
+        pipe.publish(self.keys.control, b"pause")
+        pipe.execute()
+
+    def _start_val_round(self, state: ModeState) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.incr(self.keys.val_round)
+        pipe.delete(self.keys.cursor("val"))
+        state.round = int(pipe.execute()[0])
+        self.redis.publish(self.keys.control, b"val_round")
+        old = [slot for key, slot in state.groups.items() if key[0] != state.round]
+        self._drop_groups(state, old, counter=None)
+
+    def _recover(self, state: ModeState) -> None:
+        """After a restart: this consumer's pending entries, then a dead consumer's."""
+        raw = self.redis.get(self.keys.inflight(state.mode, self.consumer))
+        inflight = {Entry(s, i) for s, i in unpack(raw)} if raw else set()
+        self._read_pending(state, inflight)
+        self._reclaim(state)
+        state.recovered = True
+
+    def _read_pending(self, state: ModeState, inflight: set[Entry]) -> None:
+        cursors = {stream: "0" for stream in state.streams}
+        while cursors:
+            reply = self.redis.xreadgroup(CONSUMER_GROUP, self.consumer, cursors,
+                                          count=self.read_count)
+            nxt: dict[str, str] = {}
+            for stream, messages in _iter_reply(reply):
+                if messages:
+                    nxt[stream] = messages[-1][0]
+                    self._assemble(state, stream, messages, inflight)
+            cursors = nxt
+
+    def _reclaim(self, state: ModeState) -> None:
+        """XAUTOCLAIM entries another consumer left pending longer than `claim_idle_ms`."""
+        self._last_claim = time.monotonic()
+        starts = {stream: "0-0" for stream in state.streams}
+        while starts:
+            pipe = self.redis.pipeline(transaction=False)
+            for stream, start in starts.items():
+                pipe.xautoclaim(stream, CONSUMER_GROUP, self.consumer,
+                                min_idle_time=self.claim_idle_ms, start_id=start,
+                                count=self.read_count)
+            nxt: dict[str, str] = {}
+            for stream, reply in zip(starts, pipe.execute()):
+                cursor, messages = _text(reply[0]), reply[1]
+                if messages:
+                    logger.info("claimed %d pending entries of %s", len(messages), stream)
+                    self._assemble(state, stream, messages, set())
+                if cursor != "0-0":
+                    nxt[stream] = cursor
+            starts = nxt
+
+    def _read(self, state: ModeState, block_ms: int) -> None:
+        streams = state.streams
+        state.rotate = (state.rotate + 1) % len(streams)
+        order = streams[state.rotate:] + streams[: state.rotate]
+        reply = self.redis.xreadgroup(CONSUMER_GROUP, self.consumer, {s: ">" for s in order},
+                                      count=self.read_count, block=block_ms)
+        for stream, messages in _iter_reply(reply):
+            self._assemble(state, stream, messages, set())
+
+    def _assemble(self, state: ModeState, stream: str, messages: list[Any],
+                  inflight: set[Entry]) -> None:
+        """Sort entries into groups; drop what is stale, late, duplicated or undecodable."""
+        drop: list[Entry] = []
+        dead: list[tuple[Entry, bytes, str]] = []
+        for entry_id, fields in messages:
+            entry = Entry(stream, _text(entry_id))
+            data = (fields or {}).get(ENTRY_FIELD)
+            if data is None:
+                drop.append(entry)  # deleted while pending, or not ours: nothing to deliver
+                continue
+            try:
+                msg = decode_trajectory(data)
+                self._check_entry(state, stream, msg)
+            except DecodeError as exc:
+                dead.append((entry, data, str(exc)))
+                continue
+            drop.extend(self._place(state, entry, msg, entry in inflight))
+        if dead:
+            self._dead_letter(dead)
+        if drop:
+            pipe = self.redis.pipeline(transaction=False)
+            self._queue_drop(pipe, drop)
+            pipe.execute()
+
+    def _check_entry(self, state: ModeState, stream: str, msg: dict[str, Any]) -> None:
+        expected = self.keys.stream(msg["mode"], msg["group_id"])
+        if expected != stream:
+            raise DecodeError(f"entry says mode {msg['mode']} group {msg['group_id']} but sits "
+                              f"in {stream}")
+        if not 0 <= msg["member"] < state.members:
+            raise DecodeError(f"member {msg['member']} out of range [0, {state.members})")
+
+    def _place(self, state: ModeState, entry: Entry, msg: dict[str, Any],
+               priority: bool) -> list[Entry]:
+        """Add one trajectory to its group; returns entries to drop at once."""
+        g, k, rnd = msg["group_id"], msg["episode_id"], int(msg.get("round", 0))
+        if state.mode == "val" and rnd != state.round:
+            self._count(state, "scheduler/val_discarded")
+            return [entry]
+        if state.mode == "train" and self._is_stale(state, k, msg["version_start"]):
+            self._count(state, "scheduler/stale_dropped")
+            return [entry]
+        if (rnd, k) in state.finished[g]:
+            self._count(state, "scheduler/late_dropped")
+            return [entry]
+        key = (rnd, k, g)
+        slot = state.groups.get(key)
+        if slot is None:
+            state.seq += 1
+            slot = state.groups[key] = GroupSlot(key, state.seq)
+        slot.priority = slot.priority or priority
+        if len(slot.members) >= state.group_size or msg["member"] in slot.members:
+            self._count(state, "scheduler/late_dropped")
+            return [entry]  # redundancy: the first group_size finishers won; or a duplicate
+        if msg.get("failed"):
+            slot.failed.append(entry)
+            if state.members - len(slot.failed) < state.group_size:
+                self._finish(state, slot)
+                self._count(state, "scheduler/failed_dropped", len(slot.entries()))
+                logger.warning("dropping group %s: a member failed (%s)", key, msg.get("error"))
+                return slot.entries()
+            return []
+        slot.members[msg["member"]] = (entry, msg)
+        if len(slot.members) == state.group_size:
+            heapq.heappush(state.ready, (0 if slot.priority else 1, k, slot.seq, key))
+        return []
+
+    def _is_stale(self, state: ModeState, k: int, version_start: int) -> bool:
+        schedule = state.schedule
+        return schedule.expired(k, self.version) or self.version - version_start > schedule.ratio
+
+    def _evict_expired(self, state: ModeState) -> None:
+        if state.mode != "train":
+            return
+        stale = [slot for (_, k, _), slot in state.groups.items()
+                 if state.schedule.expired(k, self.version)]
+        self._drop_groups(state, stale, counter="scheduler/stale_dropped")
+        first_live = state.schedule.first_live(self.version)
+        for done in state.finished.values():  # forget what can no longer arrive unexpired
+            done.difference_update({rk for rk in done if rk[1] < first_live})
+
+    def _drop_groups(self, state: ModeState, slots: list[GroupSlot], counter: str | None) -> None:
+        entries: list[Entry] = []
+        for slot in slots:
+            entries += slot.entries()
+            self._finish(state, slot)
+        if counter and entries:
+            self._count(state, counter, len(entries))
+        if entries:
+            pipe = self.redis.pipeline(transaction=False)
+            self._queue_drop(pipe, entries)
+            pipe.execute()
+
+    def _finish(self, state: ModeState, slot: GroupSlot) -> None:
+        rnd, k, g = slot.key
+        state.groups.pop(slot.key, None)
+        state.finished[g].add((rnd, k))
+
+    def _ready_count(self, state: ModeState) -> int:
+        while state.ready and state.ready[0][3] not in state.groups:
+            heapq.heappop(state.ready)  # evicted meanwhile
+        return sum(1 for item in state.ready if item[3] in state.groups)
+
+    def _hand_out(self, state: ModeState, wanted: int, wait_s: float) -> Batch:
+        trajs: list[dict[str, Any]] = []
+        entries: list[Entry] = []
+        while len(trajs) < wanted * state.group_size:
+            *_, key = heapq.heappop(state.ready)
+            slot = state.groups.get(key)
+            if slot is None:
+                continue
+            members = sorted(slot.members.items())
+            trajs += [msg for _, (_, msg) in members]
+            entries += [entry for _, (entry, _) in members]
+            late = slot.failed
+            self._finish(state, slot)
+            if late:
+                pipe = self.redis.pipeline(transaction=False)
+                self._queue_drop(pipe, late)
+                pipe.execute()
+        counters = dict(state.counters)
+        state.counters.clear()
+        for name, value in counters.items():
+            self.totals[name] += value
+        metrics = batch_metrics(trajs, self.version, counters, wait_s)
+        for name in ("scheduler/stale_dropped", "scheduler/failed_dropped"):
+            metrics.setdefault(name, 0.0)
+        batch = Batch(state.mode, self.version, trajs, entries, metrics, round=state.round)
+        if state.mode == "val":
+            self.ack(batch)  # a val round can be asked for again; nothing to redeliver
+        else:
+            self.redis.set(self.keys.inflight(state.mode, self.consumer),
+                           pack([[e.stream, e.entry_id] for e in entries]))
+        return batch
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _count(self, state: ModeState, name: str, amount: float = 1) -> None:
+        state.counters[name] += amount
+
+    def _queue_drop(self, pipe: Any, entries: list[Entry]) -> None:
+        by_stream: dict[str, list[str]] = defaultdict(list)
+        for entry in entries:
+            by_stream[entry.stream].append(entry.entry_id)
+        for stream, ids in by_stream.items():
+            pipe.xack(stream, CONSUMER_GROUP, *ids)
+            pipe.xdel(stream, *ids)
+
+    def _dead_letter(self, dead: list[tuple[Entry, bytes, str]]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for entry, data, reason in dead:
+            logger.warning("dead-lettering %s %s: %s", entry.stream, entry.entry_id, reason)
+            pipe.xadd(self.keys.dead, {"stream": entry.stream, "id": entry.entry_id,
+                                       "reason": reason, "data": data}, maxlen=10_000,
+                      approximate=True)
+        self._queue_drop(pipe, [entry for entry, _, _ in dead])
+        pipe.execute()
+        self.totals["scheduler/dead_lettered"] += len(dead)
+
+    def _timeout_message(self, state: ModeState, n: int, wanted: int, timeout_s: float) -> str:
+        ready = self._ready_count(state)
+        partial = len(state.groups) - ready
+        paused = sorted(_text(p) for p in self.redis.smembers(self.keys.pause))
+        producers = int(self.redis.zcard(self.keys.producers))
+        where = f"val round {state.round}" if state.mode == "val" else f"version {self.version}"
+        return (
+            f"get_batch(mode={state.mode!r}) timed out after {timeout_s:g}s waiting for {n} "
+            f"trajectories ({wanted} complete groups of {state.group_size}); have {ready} "
+            f"complete and {partial} partial groups at {where}; pause reasons: "
+            f"{paused or 'none'}; producers with a heartbeat: {producers}"
+        )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _iter_reply(reply: Any) -> list[tuple[str, list[Any]]]:
+    """XREADGROUP's reply as [(stream name, [(id, fields), ...])] for RESP2 and RESP3."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return [(_text(k), v[0] if v and isinstance(v[0], list) else v)
+                for k, v in reply.items()]
+    return [(_text(stream), messages) for stream, messages in reply]
+

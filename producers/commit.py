@@ -1,0 +1,168 @@
+"""Atomic, pipelined commits of finished trajectories.
+
+A commit is one Lua script per shard and flush: check that the shard's lease still names this
+producer (fencing), check the run is not paused (train) or that the val round is current (val),
+then for each trajectory XADD it to its group stream and advance the env's cursor, unless the
+cursor is already past that episode (a replay: nothing twice). All flushes of one loop
+iteration travel in one pipeline, so a busy producer pays one round trip for many commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError, RedisError
+
+from schemas.codec import ENTRY_FIELD
+from schemas.keys import Keys
+
+logger = logging.getLogger(__name__)
+
+COMMIT_LUA = """
+-- KEYS: lease, cursor, pause, val_round, then one stream per trajectory
+-- ARGV: producer, mode, round, n, then env_id, episode, data per trajectory
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-1} end
+if ARGV[2] == 'train' then
+  if redis.call('SCARD', KEYS[3]) > 0 then return {-2} end
+else
+  if tonumber(redis.call('GET', KEYS[4]) or '0') ~= tonumber(ARGV[3]) then return {-3} end
+end
+local n = tonumber(ARGV[4])
+local out = {}
+for i = 1, n do
+  local env = ARGV[2 + 3 * i]
+  local k = tonumber(ARGV[3 + 3 * i])
+  local cur = tonumber(redis.call('HGET', KEYS[2], env) or '0')
+  if cur > k then
+    out[i] = 0
+  else
+    redis.call('XADD', KEYS[4 + i], '*', 'data', ARGV[4 + 3 * i])
+    redis.call('HSET', KEYS[2], env, k + 1)
+    out[i] = 1
+  end
+end
+return out
+"""
+assert ENTRY_FIELD == b"data"  # the script writes this field name
+
+
+class Outcome(IntEnum):
+    """What became of one trajectory's commit."""
+
+    COMMITTED = 1
+    DUPLICATE = 0  # the cursor was already past this episode
+    LEASE_LOST = -1  # fenced: another producer holds the shard now
+    PAUSED = -2  # the run is paused; hold the trajectory, retry after resume
+    STALE_ROUND = -3  # a val trajectory of a round that is over
+
+
+@dataclass
+class PendingCommit:
+    mode: str
+    shard: int
+    round: int
+    env_id: int
+    episode_id: int
+    stream: str
+    data: bytes
+    future: asyncio.Future[Outcome] = field(repr=False)
+
+
+class Committer:
+    """Collects commits from many env tasks and flushes them in one pipeline per iteration."""
+
+    def __init__(self, redis: Redis, keys: Keys, producer_id: str, *, max_batch: int = 512):
+        self._redis = redis
+        self._keys = keys
+        self._producer_id = producer_id
+        self._max_batch = max_batch
+        self._queue: list[PendingCommit] = []
+        self._wakeup = asyncio.Event()
+        self._sha: str | None = None
+        self.committed = 0
+
+    async def commit(
+        self, *, mode: str, shard: int, round: int, env_id: int, episode_id: int,
+        stream: str, data: bytes,
+    ) -> Outcome:
+        """Queue a commit and wait for its outcome."""
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._queue.append(
+            PendingCommit(mode, shard, round, env_id, episode_id, stream, data, future)
+        )
+        self._wakeup.set()
+        return await future
+
+    async def run(self, stop: asyncio.Event, backoff: Any) -> None:
+        """Flush until `stop` is set and the queue is empty. Redis errors back off and retry."""
+        while not (stop.is_set() and not self._queue):
+            if not self._queue:
+                self._wakeup.clear()
+                waiter = asyncio.ensure_future(self._wakeup.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stopper.cancel()
+                continue
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            try:
+                await self._flush(batch)
+                backoff.reset()
+            except RedisError as exc:
+                self._queue[:0] = batch  # keep order; nothing is lost
+                await backoff.sleep(f"commit failed: {exc}")
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Wake every waiter with `exc` (used when the producer shuts down)."""
+        for item in self._queue:
+            if not item.future.done():
+                item.future.set_exception(exc)
+        self._queue.clear()
+
+    async def _load(self) -> str:
+        if self._sha is None:
+            self._sha = await self._redis.script_load(COMMIT_LUA)
+        return self._sha
+
+    async def _flush(self, batch: list[PendingCommit]) -> None:
+        by_shard: dict[tuple[str, int, int], list[PendingCommit]] = {}
+        for item in batch:
+            by_shard.setdefault((item.mode, item.shard, item.round), []).append(item)
+        groups = list(by_shard.items())
+        replies = await self._send(await self._load(), groups)
+        retry = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if retry:  # the server restarted and lost its script cache: load again, resend those
+            self._sha = None
+            again = await self._send(await self._load(), [groups[i] for i in retry])
+            for i, reply in zip(retry, again):
+                replies[i] = reply
+        for (_, items), reply in zip(groups, replies):
+            if isinstance(reply, Exception):
+                raise reply
+            codes = [int(r) for r in reply]
+            if len(codes) == 1 and codes[0] < 0:  # a refusal covers the whole shard
+                codes = codes * len(items)
+            for item, code in zip(items, codes):
+                outcome = Outcome(code)
+                self.committed += outcome is Outcome.COMMITTED
+                if not item.future.done():
+                    item.future.set_result(outcome)
+
+    async def _send(
+        self, sha: str, groups: list[tuple[tuple[str, int, int], list[PendingCommit]]]
+    ) -> list[Any]:
+        keys = self._keys
+        pipe = self._redis.pipeline(transaction=False)
+        for (mode, shard, round_), items in groups:
+            script_keys = [keys.lease(mode, shard), keys.cursor(mode), keys.pause, keys.val_round]
+            script_keys += [item.stream for item in items]
+            args: list[Any] = [self._producer_id, mode, round_, len(items)]
+            for item in items:
+                args += [item.env_id, item.episode_id, item.data]
+            pipe.evalsha(sha, len(script_keys), *script_keys, *args)
+        return await pipe.execute(raise_on_error=False)

@@ -1,0 +1,110 @@
+"""The run's control state as a producer sees it: version, pause reasons, val round, stop.
+
+Read by polling (every `poll_interval_s`) and woken early by the run's pub/sub channel;
+pub/sub alone is lossy, polling alone is slow, together they are both cheap and prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from schemas.backoff import Backoff
+from schemas.keys import Keys
+
+logger = logging.getLogger(__name__)
+
+
+class ControlState:
+    """Latest known control values; `await wait_change(timeout)` wakes on any change."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.paused: frozenset[str] = frozenset()
+        self.val_round = 0
+        self.stopped = False
+        self._changed = asyncio.Event()
+
+    def update(self, version: int, paused: frozenset[str], val_round: int, stopped: bool) -> None:
+        new = (version, paused, val_round, stopped)
+        if new != (self.version, self.paused, self.val_round, self.stopped):
+            self.version, self.paused, self.val_round, self.stopped = new
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def wait_change(self, timeout_s: float) -> None:
+        """Return on the next change, or after `timeout_s` (every wait is bounded)."""
+        event = self._changed
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+    def wake_all(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+class ControlWatcher:
+    """Keeps a `ControlState` fresh from Redis."""
+
+    def __init__(self, redis: Redis, keys: Keys, state: ControlState, poll_interval_s: float = 0.2):
+        self._redis = redis
+        self._keys = keys
+        self.state = state
+        self.poll_interval_s = poll_interval_s
+        self._poke = asyncio.Event()
+
+    async def refresh(self) -> None:
+        keys = self._keys
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.get(keys.version)
+        pipe.smembers(keys.pause)
+        pipe.get(keys.val_round)
+        pipe.exists(keys.stop)
+        version, paused, val_round, stop = await pipe.execute()
+        self.state.update(
+            int(version or 0),
+            frozenset(p.decode() if isinstance(p, bytes) else p for p in paused),
+            int(val_round or 0),
+            bool(stop),
+        )
+
+    async def run(self, stop: asyncio.Event, backoff: Backoff) -> None:
+        listener = asyncio.ensure_future(self._listen(stop))
+        try:
+            while not stop.is_set():
+                try:
+                    await self.refresh()
+                    backoff.reset()
+                except RedisError as exc:
+                    await backoff.sleep(f"control poll failed: {exc}")
+                    continue
+                self._poke.clear()
+                try:
+                    await asyncio.wait_for(self._poke.wait(), self.poll_interval_s)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
+
+    async def _listen(self, stop: asyncio.Event) -> None:
+        """Subscribe to the control channel; every message triggers an immediate poll."""
+        backoff = Backoff(name="control channel")
+        while not stop.is_set():
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self._keys.control)
+                backoff.reset()
+                while not stop.is_set():
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._poke.set()
+            except RedisError as exc:
+                await backoff.sleep(f"subscribe failed: {exc}")
+            finally:
+                await pubsub.aclose()

@@ -1,0 +1,120 @@
+"""Shard leases: which producer runs which shard, claimed, renewed and handed over in Redis.
+
+A lease is a string key holding the producer id with a PX ttl. Every heartbeat a producer
+renews its leases (only where the key still names it), records itself in the run's producer
+set, and learns how many producers are live. Its fair share is `ceil(shards / live)` (or
+`max_shards`): below it, it claims free shards with SET NX; above it, it hands shards back.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from schemas.keys import Keys
+
+ShardId = tuple[str, int]  # (mode, shard index)
+
+HEARTBEAT_LUA = """
+-- KEYS: producers zset, then the leases this producer holds
+-- ARGV: producer id, ttl ms
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+redis.call('PEXPIRE', KEYS[1], ttl * 10)
+local held = {}
+for i = 2, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[i], ttl)
+    held[i - 1] = 1
+  else
+    held[i - 1] = 0
+  end
+end
+return {redis.call('ZCARD', KEYS[1]), held}
+"""
+
+RELEASE_LUA = """
+-- KEYS: leases; ARGV: producer id. Deletes only the leases that still name this producer.
+local n = 0
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    redis.call('DEL', KEYS[i])
+    n = n + 1
+  end
+end
+return n
+"""
+
+LEAVE_LUA = """
+-- KEYS: producers zset; ARGV: producer id
+return redis.call('ZREM', KEYS[1], ARGV[1])
+"""
+
+
+@dataclass
+class Heartbeat:
+    live: int  # producers with a fresh heartbeat, this one included
+    lost: list[ShardId]  # leases that no longer name this producer
+
+
+class Leases:
+    """The lease operations of one producer."""
+
+    def __init__(self, redis: Redis, keys: Keys, producer_id: str, ttl_s: float):
+        self._redis = redis
+        self._keys = keys
+        self.producer_id = producer_id
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self._heartbeat = redis.register_script(HEARTBEAT_LUA)
+        self._release = redis.register_script(RELEASE_LUA)
+        self._leave = redis.register_script(LEAVE_LUA)
+
+    def key(self, shard: ShardId) -> str:
+        return self._keys.lease(*shard)
+
+    async def heartbeat(self, held: list[ShardId]) -> Heartbeat:
+        keys = [self._keys.producers] + [self.key(s) for s in held]
+        live, flags = await self._heartbeat(keys=keys, args=[self.producer_id, self.ttl_ms])
+        lost = [shard for shard, flag in zip(held, flags) if not int(flag)]
+        return Heartbeat(live=max(1, int(live)), lost=lost)
+
+    async def try_claim(self, shard: ShardId) -> bool:
+        return bool(
+            await self._redis.set(self.key(shard), self.producer_id, nx=True, px=self.ttl_ms)
+        )
+
+    async def release(self, shards: list[ShardId]) -> int:
+        if not shards:
+            return 0
+        return int(await self._release(keys=[self.key(s) for s in shards],
+                                       args=[self.producer_id]))
+
+    async def leave(self) -> None:
+        await self._leave(keys=[self._keys.producers], args=[self.producer_id])
+
+    async def owners(self, shards: list[ShardId]) -> list[str | None]:
+        values = await self._redis.mget([self.key(s) for s in shards])
+        return [v.decode() if isinstance(v, bytes) else v for v in values]
+
+
+def fair_share(total_shards: int, live: int, max_shards: int | None) -> int:
+    share = math.ceil(total_shards / max(1, live))
+    return share if max_shards is None else min(share, max_shards)
+
+
+def claim_order(shards: list[ShardId], producer_id: str) -> list[ShardId]:
+    """All shards, starting at an offset of this producer's own, so claims rarely collide."""
+    if not shards:
+        return []
+    offset = sum(producer_id.encode()) * 7919 % len(shards)
+    return shards[offset:] + shards[:offset]
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)

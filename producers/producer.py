@@ -1,0 +1,412 @@
+"""The producer process: claims shards, runs every env of a shard as its own asyncio task.
+
+Lifecycle: wait for the run's config in Redis, then loop `heartbeat -> rebalance` while env
+tasks play episodes and a committer flushes their trajectories. SIGTERM/SIGINT set a flag;
+the producer drops the steps in flight (their episodes replay elsewhere with the same seed),
+flushes queued commits, releases its leases and exits 0. A second signal cancels at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from producers.commit import Committer, Outcome
+from producers.control import ControlState, ControlWatcher
+from producers.envs import make_env
+from producers.leases import Leases, ShardId, claim_order, fair_share
+from producers.policies import Policy, make_policy
+from producers.rollout import Abandoned, EnvSlot, failed_trajectory, play_episode
+from schemas.backoff import Backoff
+from schemas.codec import encode_trajectory
+from schemas.config import RolloutConfig
+from schemas.errors import ConfigError
+from schemas.keys import Keys
+from schemas.protocol import Schedule
+
+logger = logging.getLogger(__name__)
+
+
+def new_producer_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class ShardRun:
+    """A shard this producer holds: its env slots and their tasks."""
+
+    shard: ShardId
+    slots: list[EnvSlot]
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    draining: bool = False  # handing over: finish the episode in flight, then stop
+
+    @property
+    def done(self) -> bool:
+        return all(task.done() for task in self.tasks)
+
+
+class Producer:
+    """A producer process. `run()` blocks until stopped; `request_stop()` from anywhere."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        run: str,
+        *,
+        max_shards: int | None = None,
+        producer_id: str | None = None,
+        handle_signals: bool = True,
+        poll_interval_s: float = 0.2,
+        seconds: float | None = None,
+    ):
+        if max_shards is not None and max_shards < 1:
+            raise ConfigError(f"--max-shards must be >= 1, got {max_shards}")
+        self.redis_url = redis_url
+        self.keys = Keys(run)
+        self.max_shards = max_shards
+        self.producer_id = producer_id or new_producer_id()
+        self.handle_signals = handle_signals
+        self.poll_interval_s = poll_interval_s
+        self.seconds = seconds
+        self.shards: dict[ShardId, ShardRun] = {}
+        self.committed = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_requested = False
+        self._main_task: asyncio.Task[None] | None = None
+
+    # -- public ------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run until stopped; returns the exit status (0 on a clean stop)."""
+        try:
+            asyncio.run(self._main())
+        except asyncio.CancelledError:
+            logger.warning("producer %s: forced stop", self.producer_id)
+            return 1
+        return 0
+
+    def request_stop(self) -> None:
+        """Ask the producer to stop (thread-safe; idempotent)."""
+        self._stop_requested = True
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    # -- main --------------------------------------------------------------------------------
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._main_task = asyncio.current_task()
+        if self._stop_requested:
+            self._stop.set()
+        if self.handle_signals:
+            self._install_signals()
+        redis = Redis.from_url(self.redis_url, socket_timeout=10, socket_connect_timeout=5,
+                               health_check_interval=15)
+        try:
+            config = await self._wait_config(redis)
+            if config is not None:
+                await self._serve(redis, config)
+        finally:
+            await redis.aclose()
+            if self.handle_signals:
+                self._remove_signals()
+
+    def _install_signals(self) -> None:
+        assert self._loop is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _remove_signals(self) -> None:
+        assert self._loop is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        assert self._stop is not None
+        if self._stop.is_set() and self._main_task is not None:
+            self._main_task.cancel()  # second signal: stop now
+            return
+        logger.info("producer %s: %s, stopping", self.producer_id, signal.Signals(sig).name)
+        self._stop.set()
+
+    async def _wait_config(self, redis: Redis) -> RolloutConfig | None:
+        assert self._stop is not None
+        backoff = Backoff(name=f"producer {self.producer_id}")
+        logged = False
+        while not self._stop.is_set():
+            try:
+                raw = await redis.get(self.keys.config)
+                backoff.reset()
+            except RedisError as exc:
+                await backoff.sleep(f"cannot read the config at {self.redis_url}: {exc}")
+                continue
+            if raw is not None:
+                return RolloutConfig.from_json(raw)
+            if not logged:
+                logger.info("waiting for the config at %s", self.keys.config)
+                logged = True
+            await self._sleep(0.5)
+        return None
+
+    async def _sleep(self, seconds: float) -> None:
+        assert self._stop is not None
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _serve(self, redis: Redis, config: RolloutConfig) -> None:
+        assert self._stop is not None
+        self.config = config
+        self.policy: Policy = make_policy(config.policy)
+        self.schedules = {m: Schedule(config.episodes_per_step(m), config.ratio)
+                          for m in config.modes()}
+        self.state = ControlState()
+        watcher = ControlWatcher(redis, self.keys, self.state, self.poll_interval_s)
+        self.committer = Committer(redis, self.keys, self.producer_id)
+        self.leases = Leases(redis, self.keys, self.producer_id, config.lease_ttl_s)
+        self.redis = redis
+        await self._first_refresh(watcher)
+        background = [
+            asyncio.create_task(watcher.run(self._stop, Backoff(name="control"))),
+            asyncio.create_task(self.committer.run(self._stop, Backoff(name="commit"))),
+        ]
+        deadline = None if self.seconds is None else time.monotonic() + self.seconds
+        logger.info("producer %s serving run %s", self.producer_id, self.keys.run)
+        try:
+            await self._lease_loop(deadline)
+        finally:
+            await self._shutdown(background)
+
+    async def _first_refresh(self, watcher: ControlWatcher) -> None:
+        assert self._stop is not None
+        backoff = Backoff(name="control")
+        while not self._stop.is_set():
+            try:
+                await watcher.refresh()
+                return
+            except RedisError as exc:
+                await backoff.sleep(f"control read failed: {exc}")
+
+    # -- leases ------------------------------------------------------------------------------
+    def all_shards(self) -> list[ShardId]:
+        return [(mode, s) for mode in self.config.modes()
+                for s in range(self.config.manager(mode).num_shards)]
+
+    async def _lease_loop(self, deadline: float | None) -> None:
+        assert self._stop is not None
+        backoff = Backoff(name="lease heartbeat")
+        interval = self.config.lease_ttl_s / 3
+        while not self._stop.is_set():
+            if self.state.stopped:
+                logger.info("run %s is stopped; exiting", self.keys.run)
+                self._stop.set()
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                self._stop.set()
+                break
+            try:
+                await self._rebalance()
+                backoff.reset()
+            except RedisError as exc:
+                await backoff.sleep(f"heartbeat failed: {exc}")
+                continue
+            await self._sleep(interval)
+
+    async def _rebalance(self) -> None:
+        beat = await self.leases.heartbeat(list(self.shards))
+        for shard in beat.lost:
+            logger.warning("lease of shard %s lost; stopping its envs", shard)
+            self._drop_shard(shard, cancel=True)
+        for shard in [s for s, run in self.shards.items() if run.draining and run.done]:
+            self._drop_shard(shard, cancel=False)
+            await self.leases.release([shard])
+            logger.info("handed over shard %s", shard)
+        target = fair_share(len(self.all_shards()), beat.live, self.max_shards)
+        active = [s for s, run in self.shards.items() if not run.draining]
+        if len(active) > target:
+            for shard in active[target:]:
+                self.shards[shard].draining = True
+                self.state.wake_all()
+        elif len(active) < target and not self._stop.is_set():
+            await self._claim(target - len(active))
+
+    async def _claim(self, wanted: int) -> None:
+        for shard in claim_order(self.all_shards(), self.producer_id):
+            if wanted <= 0 or self._stop.is_set():
+                return
+            if shard in self.shards:
+                continue
+            if await self.leases.try_claim(shard):
+                await self._start_shard(shard)
+                wanted -= 1
+
+    async def _start_shard(self, shard: ShardId) -> None:
+        mode, index = shard
+        manager = self.config.manager(mode)
+        env_ids = list(manager.envs_of_shard(index))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hmget(self.keys.cursor(mode), [str(e) for e in env_ids])
+        pipe.get(self.keys.val_round)
+        cursors, val_round = await pipe.execute()
+        slots = []
+        for env_id, cursor in zip(env_ids, cursors):
+            group = manager.group_of_env(env_id)
+            tag = manager.tag_of_group(group)
+            spec = self.config.env_spec(tag)
+            slots.append(EnvSlot(
+                mode=mode, env_id=env_id, group_id=group, member=manager.member_of_env(env_id),
+                shard=index, tag=tag, env=make_env(spec.env_id, spec.env_config),
+                k=int(cursor or 0), round=int(val_round or 0) if mode == "val" else 0,
+            ))
+        run = ShardRun(shard, slots)
+        self.shards[shard] = run
+        for slot in slots:
+            loop_fn = self._train_loop if mode == "train" else self._val_loop
+            run.tasks.append(asyncio.create_task(loop_fn(run, slot)))
+        logger.info("claimed shard %s (%d envs)", shard, len(slots))
+
+    def _drop_shard(self, shard: ShardId, *, cancel: bool) -> None:
+        run = self.shards.pop(shard, None)
+        if run is None:
+            return
+        if cancel:
+            for task in run.tasks:
+                task.cancel()
+        for slot in run.slots:
+            slot.env.close()
+
+    # -- env loops ---------------------------------------------------------------------------
+    @property
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    def _leaving(self, run: ShardRun) -> bool:
+        return self._stopping or run.draining or run.shard not in self.shards
+
+    async def _train_loop(self, run: ShardRun, slot: EnvSlot) -> None:
+        schedule = self.schedules["train"]
+        state = self.state
+        while not self._leaving(run):
+            version = state.version
+            slot.k = max(slot.k, schedule.first_live(version))
+            if state.paused or not schedule.admitted(slot.k, version):
+                await state.wait_change(1.0)
+                continue
+            if not await self._episode(run, slot):
+                return
+
+    async def _val_loop(self, run: ShardRun, slot: EnvSlot) -> None:
+        per_round = self.schedules["val"].episodes_per_step
+        state = self.state
+        while not self._leaving(run):
+            current = state.val_round
+            if current != slot.round:
+                slot.round, slot.k = current, 0
+            if current == 0 or slot.k >= per_round:
+                await state.wait_change(1.0)
+                continue
+            if not await self._episode(run, slot):
+                return
+
+    async def _gate(self, run: ShardRun, slot: EnvSlot, k: int) -> bool:
+        """Before each policy call: wait out a pause; False to abandon the episode."""
+        state = self.state
+        schedule = self.schedules[slot.mode]
+        while True:
+            if self._leaving(run) and (state.paused or self._stopping):
+                return False  # the next owner replays the episode with the same seed
+            if slot.mode == "val":
+                return state.val_round == slot.round
+            if schedule.expired(k, state.version):
+                return False
+            if not state.paused:
+                return True
+            await state.wait_change(1.0)
+
+    async def _episode(self, run: ShardRun, slot: EnvSlot) -> bool:
+        """Play and commit episode `slot.k`. False when the env task must end."""
+        k = slot.k
+        traj = await self._play_with_retries(run, slot)
+        if traj is None:  # abandoned
+            if not self._leaving(run):
+                slot.k = k + 1
+            return not self._leaving(run)
+        data = encode_trajectory(traj)
+        stream = self.keys.stream(slot.mode, slot.group_id)
+        while True:
+            outcome = await self.committer.commit(
+                mode=slot.mode, shard=slot.shard, round=slot.round, env_id=slot.env_id,
+                episode_id=k, stream=stream, data=data,
+            )
+            if outcome in (Outcome.COMMITTED, Outcome.DUPLICATE):
+                slot.k = k + 1
+                if outcome is Outcome.COMMITTED:
+                    self.committed += 1
+                return True
+            if outcome is Outcome.LEASE_LOST:
+                logger.warning("shard %s: lease lost at commit", run.shard)
+                return False
+            if outcome is Outcome.STALE_ROUND:
+                return True
+            # PAUSED: hold the trajectory; after the pause commit it unless it expired
+            if not await self._gate(run, slot, k):
+                if not self._leaving(run):
+                    slot.k = k + 1
+                return not self._leaving(run)
+
+    async def _play_with_retries(self, run: ShardRun, slot: EnvSlot) -> dict | None:
+        attempts = self.config.env_max_retries + 1
+        error = ""
+        for attempt in range(attempts):
+            try:
+                return await play_episode(
+                    slot, seed=self.config.seed, producer_id=self.producer_id,
+                    policy=self.policy, version=lambda: self.state.version,
+                    gate=lambda: self._gate(run, slot, slot.k),
+                )
+            except Abandoned:
+                return None
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # an env bug must not kill the producer
+                error = f"{type(exc).__name__}: {exc}"
+                logger.warning("env %s (%s) episode %d raised on attempt %d/%d: %s",
+                               slot.env_id, slot.tag, slot.k, attempt + 1, attempts, error)
+        return failed_trajectory(slot, seed=self.config.seed, producer_id=self.producer_id,
+                                 version=self.state.version, error=error)
+
+    # -- shutdown ----------------------------------------------------------------------------
+    async def _shutdown(self, background: list[asyncio.Task[None]]) -> None:
+        assert self._stop is not None
+        self._stop.set()
+        self.state.wake_all()
+        tasks = [task for run in self.shards.values() for task in run.tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            await asyncio.wait_for(asyncio.gather(*background, return_exceptions=True), 5.0)
+        except asyncio.TimeoutError:
+            logger.warning("producer %s: background tasks did not finish in 5s", self.producer_id)
+        self.committer.fail_all(RuntimeError("producer stopped"))
+        held = list(self.shards)
+        for shard in held:
+            self._drop_shard(shard, cancel=False)
+        try:
+            released = await self.leases.release(held)
+            await self.leases.leave()
+            logger.info("producer %s stopped: %d committed, %d leases released",
+                        self.producer_id, self.committed, released)
+        except RedisError as exc:
+            logger.warning("producer %s: could not release leases (%s); they expire in %.0fs",
+                           self.producer_id, exc, self.config.lease_ttl_s)

@@ -1,0 +1,176 @@
+"""One env's rollout: play an episode with the policy and build its trajectory message.
+
+`EnvSlot` is one env of a shard; `play_episode` runs one episode on it. Gating (pause, expiry,
+val round) is a callback, so this module knows the episode and not the protocol around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from producers.policies import Policy
+from schemas.codec import SCHEMA_VERSION, traj_ids
+from schemas.seeding import episode_seed
+
+logger = logging.getLogger(__name__)
+
+_SCALARS = (bool, int, float, str)
+
+
+@dataclass
+class EnvSlot:
+    """One env of a shard and where it stands: the next episode `k` (of val round `round`)."""
+
+    mode: str
+    env_id: int
+    group_id: int
+    member: int
+    shard: int
+    tag: str
+    env: Any
+    k: int = 0
+    round: int = 0
+    failures: int = field(default=0, repr=False)
+
+
+class Abandoned(Exception):
+    """The episode in flight was given up (expired, paused into a drain, stopped)."""
+
+
+def _clean_info(info: dict[str, Any]) -> dict[str, Any]:
+    """The scalar part of a step's info (what travels on the wire)."""
+    out = {}
+    for key, value in info.items():
+        if isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, _SCALARS):
+            out[str(key)] = value
+    return out
+
+
+async def play_episode(
+    slot: EnvSlot,
+    *,
+    seed: int,
+    producer_id: str,
+    policy: Policy,
+    version: Callable[[], int],
+    gate: Callable[[], Awaitable[bool]],
+) -> dict[str, Any]:
+    """Play episode `slot.k` and return its trajectory message (not yet encoded).
+
+    `gate()` is awaited before every policy call; it returns False to abandon the episode.
+    Env exceptions propagate; the caller retries with the same seed.
+    """
+    k = slot.k
+    env_seed = episode_seed(seed, slot.mode, slot.group_id, k)
+    rng = np.random.default_rng([env_seed, slot.member])
+    started = time.perf_counter()
+    env_s = policy_s = 0.0
+    version_start: int | None = None
+    steps: list[dict[str, Any]] = []
+    score = 0.0
+    terminated = truncated = False
+    info: dict[str, Any] = {}
+
+    t0 = time.perf_counter()
+    observation, info = slot.env.reset(seed=env_seed)
+    env_s += time.perf_counter() - t0
+    while not (terminated or truncated):
+        if not await gate():
+            raise Abandoned(f"episode {k} of env {slot.env_id}")
+        step_version = version()
+        if version_start is None:
+            version_start = step_version
+        t0 = time.perf_counter()
+        action, response = await policy.act(observation, slot.env, rng, step_version)
+        t1 = time.perf_counter()
+        if response is not None and hasattr(slot.env.unwrapped, "step_text"):
+            next_obs, reward, terminated, truncated, info = slot.env.unwrapped.step_text(response)
+        else:
+            next_obs, reward, terminated, truncated, info = slot.env.step(action)
+        t2 = time.perf_counter()
+        policy_s += t1 - t0
+        env_s += t2 - t1
+        step: dict[str, Any] = {
+            "observation": observation,
+            "action": action,
+            "reward": float(reward),
+            "version": step_version,
+            "info": _clean_info(info),
+        }
+        if response is not None:
+            step["response"] = response
+        steps.append(step)
+        score += float(reward)
+        observation = next_obs
+
+    group_key, traj_key = traj_ids(slot.mode, slot.group_id, k, slot.member)
+    return {
+        "schema": SCHEMA_VERSION,
+        "traj_id": traj_key,
+        "traj_group_id": group_key,
+        "mode": slot.mode,
+        "round": slot.round,
+        "group_id": slot.group_id,
+        "episode_id": k,
+        "member": slot.member,
+        "env_id": slot.env_id,
+        "tag": slot.tag,
+        "seed": env_seed,
+        "version_start": version_start if version_start is not None else version(),
+        "version_end": steps[-1]["version"] if steps else version(),
+        "episode_score": score,
+        "success": bool(info.get("success", False)),
+        "terminated": bool(terminated),
+        "truncated": bool(truncated),
+        "num_actions": len(steps),
+        "steps": steps,
+        "final_observation": observation,
+        "failed": False,
+        "env_time_s": env_s,
+        "policy_time_s": policy_s,
+        "wall_time_s": time.perf_counter() - started,
+        "producer": producer_id,
+        "finished_at": time.time(),
+    }
+
+
+def failed_trajectory(slot: EnvSlot, *, seed: int, producer_id: str, version: int,
+                      error: str) -> dict[str, Any]:
+    """The message a member commits when its env keeps raising: its group gets dropped."""
+    group_key, traj_key = traj_ids(slot.mode, slot.group_id, slot.k, slot.member)
+    return {
+        "schema": SCHEMA_VERSION,
+        "traj_id": traj_key,
+        "traj_group_id": group_key,
+        "mode": slot.mode,
+        "round": slot.round,
+        "group_id": slot.group_id,
+        "episode_id": slot.k,
+        "member": slot.member,
+        "env_id": slot.env_id,
+        "tag": slot.tag,
+        "seed": episode_seed(seed, slot.mode, slot.group_id, slot.k),
+        "version_start": version,
+        "version_end": version,
+        "episode_score": 0.0,
+        "success": False,
+        "terminated": False,
+        "truncated": False,
+        "num_actions": 0,
+        "steps": [],
+        "failed": True,
+        "error": error,
+        "env_time_s": 0.0,
+        "policy_time_s": 0.0,
+        "wall_time_s": 0.0,
+        "producer": producer_id,
+        "finished_at": time.time(),
+    }

@@ -1,0 +1,1 @@
+"""rollstream command line and local launcher."""

@@ -1,0 +1,105 @@
+"""The wire format: one msgpack map per stream entry, under the entry field `data`.
+
+A public contract, readable with any msgpack library: plain maps, lists, strings, numbers,
+bytes. A numpy array travels as the map `{"dtype": str, "shape": [int], "data": bytes}`
+(C order, the dtype's own byte order string, e.g. "<f4"). Never pickle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from schemas.errors import DecodeError
+
+SCHEMA_VERSION = 1
+ENTRY_FIELD = b"data"  # the stream entry field holding the message
+
+# Fields every trajectory message carries (the decoder refuses a message missing one).
+REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "schema": int,
+    "traj_id": str,
+    "traj_group_id": str,
+    "mode": str,
+    "group_id": int,
+    "episode_id": int,
+    "member": int,
+    "env_id": int,
+    "tag": str,
+    "seed": int,
+    "version_start": int,
+    "version_end": int,
+    "episode_score": (int, float),
+    "success": bool,
+    "terminated": bool,
+    "truncated": bool,
+    "num_actions": int,
+    "steps": list,
+    "producer": str,
+}
+_ARRAY_KEYS = frozenset(("dtype", "shape", "data"))
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        arr = np.ascontiguousarray(obj)
+        if arr.dtype.hasobject:
+            raise TypeError("object arrays cannot be encoded")
+        return {"dtype": arr.dtype.str, "shape": list(arr.shape), "data": arr.tobytes()}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+def _object_hook(obj: dict[str, Any]) -> Any:
+    if len(obj) == 3 and obj.keys() == _ARRAY_KEYS and isinstance(obj["data"], bytes):
+        return np.frombuffer(obj["data"], dtype=np.dtype(obj["dtype"])).reshape(obj["shape"])
+    return obj
+
+
+def pack(obj: Any) -> bytes:
+    """msgpack with numpy support (arrays as {dtype, shape, data}, scalars as numbers)."""
+    return msgpack.packb(obj, default=_default, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, object_hook=_object_hook, raw=False, strict_map_key=False)
+
+
+def encode_trajectory(traj: dict[str, Any]) -> bytes:
+    """Encode a trajectory message; `schema` is filled in."""
+    if "schema" not in traj:
+        traj = {"schema": SCHEMA_VERSION, **traj}
+    return pack(traj)
+
+
+def decode_trajectory(data: bytes) -> dict[str, Any]:
+    """Decode and check one message; raises `DecodeError` naming what is wrong."""
+    try:
+        msg = unpack(data)
+    except Exception as exc:  # msgpack raises several types for garbage
+        raise DecodeError(f"not msgpack: {type(exc).__name__}: {exc}") from None
+    if not isinstance(msg, dict):
+        raise DecodeError(f"expected a map, got {type(msg).__name__}")
+    schema = msg.get("schema")
+    if schema != SCHEMA_VERSION:
+        raise DecodeError(f"unsupported schema {schema!r} (this reader knows {SCHEMA_VERSION})")
+    for name, kind in REQUIRED_FIELDS.items():
+        if name not in msg:
+            raise DecodeError(f"missing field {name!r}")
+        value = msg[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise DecodeError(f"field {name!r} has type {type(value).__name__}")
+    if msg["mode"] not in ("train", "val"):
+        raise DecodeError(f"field 'mode' is {msg['mode']!r}, not train or val")
+    return msg
+
+
+def traj_ids(mode: str, group_id: int, episode_id: int, member: int) -> tuple[str, str]:
+    """(traj_group_id, traj_id) strings, as ROLL trainers group by them."""
+    group = f"{mode}-{group_id}-{episode_id}"
+    return group, f"{group}-{member}"

@@ -1,0 +1,359 @@
+"""Config models (ROLL-compatible YAML) and the env layout they imply.
+
+Layout of one env manager (train or val), with M = group_size + group_size_redundancy:
+env ids are contiguous per tag in the order of `tags`, group `g` holds envs `g*M .. g*M+M-1`,
+and shard (one ROLL worker) `s` holds envs `s*max_env_num_per_worker ..`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from schemas.envspec import DEFAULT_CUSTOM_ENVS, EnvSpec
+from schemas.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RUN = "rollstream"
+
+
+class EnvManagerConfig(BaseModel):
+    """ROLL's EnvManagerConfig: how many envs, in which groups, of which tags."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_env_num_per_worker: PositiveInt
+    num_env_groups: PositiveInt
+    group_size: PositiveInt
+    tags: list[str] = Field(min_length=1)
+    num_groups_partition: list[PositiveInt] | None = None
+    group_size_redundancy: NonNegativeInt = 0
+
+    @model_validator(mode="after")
+    def _check_partition(self) -> EnvManagerConfig:
+        part = self.num_groups_partition
+        if part is None:
+            return self
+        if len(part) != len(self.tags):
+            raise ValueError(
+                f"num_groups_partition has {len(part)} entries but tags has {len(self.tags)}"
+            )
+        if sum(part) != self.num_env_groups:
+            raise ValueError(
+                f"num_groups_partition sums to {sum(part)}, not num_env_groups "
+                f"{self.num_env_groups}"
+            )
+        return self
+
+    # -- layout ---------------------------------------------------------------------------
+    @property
+    def members(self) -> int:
+        """Envs per group: the group size plus the redundant members."""
+        return self.group_size + self.group_size_redundancy
+
+    @property
+    def num_envs(self) -> int:
+        return self.num_env_groups * self.members
+
+    @property
+    def num_shards(self) -> int:
+        return math.ceil(self.num_envs / self.max_env_num_per_worker)
+
+    @cached_property
+    def partition(self) -> list[int]:
+        """Groups per tag; missing partition: an even split, the remainder to the first tags."""
+        if self.num_groups_partition is not None:
+            return list(self.num_groups_partition)
+        base, extra = divmod(self.num_env_groups, len(self.tags))
+        return [base + (1 if i < extra else 0) for i in range(len(self.tags))]
+
+    @cached_property
+    def tag_ranges(self) -> dict[str, tuple[int, int]]:
+        """Tag -> [first group, end group). A tag named twice gets its first range."""
+        ranges: dict[str, tuple[int, int]] = {}
+        start = 0
+        for tag, count in zip(self.tags, self.partition):
+            ranges.setdefault(tag, (start, start + count))
+            start += count
+        return ranges
+
+    @cached_property
+    def _group_tags(self) -> list[str]:
+        return [tag for tag, count in zip(self.tags, self.partition) for _ in range(count)]
+
+    def tag_of_group(self, group_id: int) -> str:
+        return self._group_tags[group_id]
+
+    def group_of_env(self, env_id: int) -> int:
+        return env_id // self.members
+
+    def member_of_env(self, env_id: int) -> int:
+        return env_id % self.members
+
+    def shard_of_env(self, env_id: int) -> int:
+        return env_id // self.max_env_num_per_worker
+
+    def envs_of_shard(self, shard: int) -> range:
+        start = shard * self.max_env_num_per_worker
+        return range(start, min(start + self.max_env_num_per_worker, self.num_envs))
+
+    def summary(self) -> dict[str, Any]:
+        """The layout as `rollstream config check --json` prints it."""
+        return {
+            "envs": self.num_envs,
+            "groups": self.num_env_groups,
+            "shards": self.num_shards,
+            "group_size": self.group_size,
+            "tags": {tag: list(span) for tag, span in self.tag_ranges.items()},
+        }
+
+
+class PolicyConfig(BaseModel):
+    """Which policy the producers run. `random`: uniform actions, seeded per episode/member."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["random"] = "random"
+
+
+class RolloutConfig(BaseModel):
+    """The whole rollout config. Load with `RolloutConfig.from_yaml(path)`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rollout_batch_size: PositiveInt | None = Field(
+        default=None, description="trajectories per train batch; default: one per train env"
+    )
+    val_batch_size: PositiveInt | None = Field(
+        default=None, description="trajectories per val batch; default: one per val env"
+    )
+    async_generation_ratio: NonNegativeInt = Field(
+        default=0, description="0 = sync (pause while training); k >= 1: at most k versions stale"
+    )
+    seed: int = 42
+    train_env_manager: EnvManagerConfig
+    val_env_manager: EnvManagerConfig | None = None
+    custom_envs: dict[str, EnvSpec] = Field(default_factory=dict, validate_default=True)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    redis_url: str | None = None
+    run: str = DEFAULT_RUN
+    lease_ttl_s: float = Field(default=10.0, gt=0, description="shard lease ttl; a dead "
+                               "producer's shards move after this long")
+    env_max_retries: NonNegativeInt = Field(
+        default=2, description="retries of an episode whose env raised, then it commits failed"
+    )
+
+    @field_validator("custom_envs", mode="before")
+    @classmethod
+    def _merge_default_envs(cls, value: Any) -> Any:
+        merged: dict[str, Any] = dict(DEFAULT_CUSTOM_ENVS)
+        merged.update(value or {})
+        return merged
+
+    @model_validator(mode="after")
+    def _fill_and_check(self) -> RolloutConfig:
+        train, val = self.train_env_manager, self.val_env_manager
+        if self.rollout_batch_size is None:
+            object.__setattr__(self, "rollout_batch_size", train.num_env_groups * train.group_size)
+        if val is not None and self.val_batch_size is None:
+            object.__setattr__(self, "val_batch_size", val.num_env_groups * val.group_size)
+        _check_multiple("rollout_batch_size", self.train_batch_size, train, "train_env_manager")
+        if val is not None:
+            _check_multiple("val_batch_size", self.val_batch, val, "val_env_manager")
+        for name, manager in (("train_env_manager", train), ("val_env_manager", val)):
+            if manager is not None:
+                self._check_tags(name, manager)
+        return self
+
+    def _check_tags(self, name: str, manager: EnvManagerConfig) -> None:
+        for tag in manager.tags:
+            if tag not in self.custom_envs and not _is_gym_id(tag):
+                known = ", ".join(sorted(self.custom_envs))
+                raise ValueError(
+                    f"{name}.tags: unknown env tag {tag!r} (known: {known}; "
+                    "or add it to custom_envs, or use a registered gymnasium id)"
+                )
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def train_batch_size(self) -> int:
+        assert self.rollout_batch_size is not None
+        return self.rollout_batch_size
+
+    @property
+    def val_batch(self) -> int:
+        assert self.val_batch_size is not None
+        return self.val_batch_size
+
+    @property
+    def ratio(self) -> int:
+        return self.async_generation_ratio
+
+    @property
+    def is_sync(self) -> bool:
+        return self.async_generation_ratio == 0
+
+    def manager(self, mode: str) -> EnvManagerConfig:
+        if mode == "train":
+            return self.train_env_manager
+        if mode == "val":
+            if self.val_env_manager is None:
+                raise ConfigError("val_env_manager: not configured, so there is no val mode")
+            return self.val_env_manager
+        raise ConfigError(f"mode must be 'train' or 'val', not {mode!r}")
+
+    def modes(self) -> list[str]:
+        return ["train"] if self.val_env_manager is None else ["train", "val"]
+
+    def batch_size(self, mode: str) -> int:
+        return self.train_batch_size if mode == "train" else self.val_batch
+
+    def episodes_per_step(self, mode: str) -> int:
+        """T: episodes each env plays per train step (or per val round)."""
+        manager = self.manager(mode)
+        return math.ceil(self.batch_size(mode) / (manager.num_env_groups * manager.group_size))
+
+    def env_spec(self, tag: str) -> EnvSpec:
+        if tag in self.custom_envs:
+            return self.custom_envs[tag]
+        return EnvSpec(env_id=tag)
+
+    def layout(self) -> dict[str, Any]:
+        return {mode: self.manager(mode).summary() for mode in self.modes()}
+
+    # -- loading ---------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "config") -> RolloutConfig:
+        """Validate a parsed config; unknown keys are dropped with one warning listing them."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping at the top level, got "
+                              f"{type(data).__name__}")
+        cleaned, unknown = _drop_unknown(data)
+        if unknown:
+            logger.warning("%s: ignoring unknown config keys: %s", source, ", ".join(unknown))
+        try:
+            config = cls.model_validate(cleaned)
+        except ValidationError as exc:
+            raise ConfigError(f"{source}: {_describe(exc)}") from None
+        val = config.val_env_manager
+        if val is not None and val.group_size > 1:
+            logger.warning("%s: val_env_manager.group_size is %d; 1 is usual for validation "
+                           "(temperature 0 gives identical answers within a group)",
+                           source, val.group_size)
+        return config
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> RolloutConfig:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RolloutConfig:
+        """The resolved config as published in Redis (no unknown keys expected)."""
+        try:
+            return cls.from_dict(json.loads(text), source="published config")
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"published config: not valid JSON: {exc}") from None
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+def _check_multiple(field: str, size: int, manager: EnvManagerConfig, name: str) -> None:
+    if size % manager.group_size:
+        raise ValueError(
+            f"{field} {size} is not a multiple of {name}.group_size {manager.group_size}"
+        )
+
+
+def _is_gym_id(tag: str) -> bool:
+    from gymnasium.envs.registration import registry
+
+    return tag in registry
+
+
+# Keys each section understands; anything else in a ROLL YAML is ignored with a warning.
+_MANAGER_KEYS = set(EnvManagerConfig.model_fields)
+_SPEC_KEYS = set(EnvSpec.model_fields)
+_POLICY_KEYS = set(PolicyConfig.model_fields)
+
+
+def _drop_unknown(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    known_top = set(RolloutConfig.model_fields)
+    unknown = [str(k) for k in data if k not in known_top]
+    cleaned = {k: v for k, v in data.items() if k in known_top}
+    for section in ("train_env_manager", "val_env_manager"):
+        cleaned[section] = _drop_section(cleaned, section, _MANAGER_KEYS, unknown)
+    cleaned["policy"] = _drop_section(cleaned, "policy", _POLICY_KEYS, unknown)
+    envs = cleaned.get("custom_envs")
+    if isinstance(envs, dict):
+        cleaned["custom_envs"] = {
+            tag: _drop_section(envs, tag, _SPEC_KEYS, unknown, f"custom_envs.{tag}")
+            for tag in envs
+        }
+    return {k: v for k, v in cleaned.items() if v is not None}, unknown
+
+
+def _drop_section(
+    parent: dict[str, Any], key: str, known: set[str], unknown: list[str], label: str = ""
+) -> Any:
+    section = parent.get(key)
+    if not isinstance(section, dict):
+        return section
+    label = label or key
+    unknown.extend(f"{label}.{k}" for k in section if k not in known)
+    return {k: v for k, v in section.items() if k in known}
+
+
+def _describe(exc: ValidationError) -> str:
+    """Pydantic errors as `field.path: message`, one per line."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(lines)
+
+
+def resolve_redis_url(cli_url: str | None, config: RolloutConfig | None = None) -> str | None:
+    """CLI flag, else ROLLSTREAM_REDIS_URL, else REDIS_URL, else the config's `redis_url`."""
+    for value in (cli_url, os.environ.get("ROLLSTREAM_REDIS_URL"), os.environ.get("REDIS_URL")):
+        if value:
+            return value
+    return config.redis_url if config is not None else None
+
+
+def resolve_run(cli_run: str | None, config: RolloutConfig | None = None) -> str:
+    """CLI flag, else ROLLSTREAM_RUN, else the config's `run`, else 'rollstream'."""
+    if cli_run:
+        return cli_run
+    env_run = os.environ.get("ROLLSTREAM_RUN")
+    if env_run:
+        return env_run
+    return config.run if config is not None else DEFAULT_RUN

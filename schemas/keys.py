@@ -1,0 +1,78 @@
+"""Redis key names of a run, built in one place.
+
+Every key starts with the run name in braces, a Redis Cluster hash tag, so a run's keys share
+one slot and the multi-key commit script works on a cluster too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CONSUMER_GROUP = "batcher"  # the consumer group on every trajectory stream
+MODES = ("train", "val")
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key builder for one run: `Keys("exp1").stream("train", 17) == "{exp1}:traj:train:17"`."""
+
+    run: str
+
+    def __post_init__(self) -> None:
+        if not self.run or any(c in self.run for c in "{}: \t\n"):
+            raise ValueError(f"run name {self.run!r} must be non-empty, without braces, ':' or spaces")
+
+    @property
+    def prefix(self) -> str:
+        return "{" + self.run + "}"
+
+    @property
+    def config(self) -> str:  # string: the resolved config (JSON)
+        return f"{self.prefix}:config"
+
+    @property
+    def version(self) -> str:  # string int: the policy version, owned by the trainer
+        return f"{self.prefix}:version"
+
+    @property
+    def pause(self) -> str:  # set: reasons the train producers are paused (sync, operator)
+        return f"{self.prefix}:pause"
+
+    @property
+    def val_round(self) -> str:  # string int: the val round asked for
+        return f"{self.prefix}:val_round"
+
+    @property
+    def control(self) -> str:  # pub/sub channel: wakes producers on version/pause/stop
+        return f"{self.prefix}:control"
+
+    @property
+    def producers(self) -> str:  # zset: producer id -> last heartbeat (ms, server clock)
+        return f"{self.prefix}:producers"
+
+    @property
+    def stop(self) -> str:  # string: set when the run is over; producers exit
+        return f"{self.prefix}:stop"
+
+    @property
+    def dead(self) -> str:  # stream: entries that failed to decode, with the reason
+        return f"{self.prefix}:dead"
+
+    def stream(self, mode: str, group_id: int) -> str:  # stream: finished trajectories
+        return f"{self.prefix}:traj:{mode}:{group_id}"
+
+    def cursor(self, mode: str) -> str:  # hash: env id -> next episode k
+        return f"{self.prefix}:cursor:{mode}"
+
+    def lease(self, mode: str, shard: int) -> str:  # string, PX ttl: producer holding a shard
+        return f"{self.prefix}:lease:{mode}:{shard}"
+
+    def weights(self, version: int) -> str:  # string: policy weights (msgpack)
+        return f"{self.prefix}:weights:{version}"
+
+    def inflight(self, mode: str, consumer: str) -> str:  # string: a handed-out, unacked batch
+        return f"{self.prefix}:inflight:{mode}:{consumer}"
+
+    def pattern(self) -> str:
+        """SCAN pattern matching every key of the run."""
+        return self.prefix + ":*"
