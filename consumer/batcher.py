@@ -264,7 +264,7 @@ class Batcher:
                                 min_idle_time=self.claim_idle_ms, start_id=start,
                                 count=self.read_count)
             nxt: dict[str, str] = {}
-            for stream, reply in zip(starts, pipe.execute()):
+            for stream, reply in zip(starts, pipe.execute(), strict=True):
                 cursor, messages = _text(reply[0]), reply[1]
                 if messages:
                     logger.info("claimed %d pending entries of %s", len(messages), stream)
@@ -341,13 +341,15 @@ class Batcher:
             slot.failed.append(entry)
             if state.members - len(slot.failed) < state.group_size:
                 self._finish(state, slot)
-                self._count(state, "scheduler/failed_dropped", len(slot.entries()))
+                self._count(state, "scheduler/failed_groups")
                 logger.warning("dropping group %s: a member failed (%s)", key, msg.get("error"))
                 return slot.entries()
             return []
         slot.members[msg["member"]] = (entry, msg)
         if len(slot.members) == state.group_size:
-            heapq.heappush(state.ready, (0 if slot.priority else 1, k, slot.seq, key))
+            # oldest episode first; val orders by group so every round's batch is the same
+            order = g if state.mode == "val" else slot.seq
+            heapq.heappush(state.ready, (0 if slot.priority else 1, k, order, key))
         return []
 
     def _is_stale(self, state: ModeState, k: int, version_start: int) -> bool:
@@ -405,10 +407,8 @@ class Batcher:
                 pipe.execute()
         counters = dict(state.counters)
         state.counters.clear()
-        for name, value in counters.items():
-            self.totals[name] += value
         metrics = batch_metrics(trajs, self.version, counters, wait_s)
-        for name in ("scheduler/stale_dropped", "scheduler/failed_dropped"):
+        for name in ("scheduler/stale_dropped", "scheduler/failed_groups"):
             metrics.setdefault(name, 0.0)
         batch = Batch(state.mode, self.version, trajs, entries, metrics, round=state.round)
         if state.mode == "val":
@@ -420,7 +420,8 @@ class Batcher:
 
     # -- helpers -------------------------------------------------------------------------------
     def _count(self, state: ModeState, name: str, amount: float = 1) -> None:
-        state.counters[name] += amount
+        state.counters[name] += amount  # reported with the next batch
+        self.totals[name] += amount  # since this Batcher started
 
     def _queue_drop(self, pipe: Any, entries: list[Entry]) -> None:
         by_stream: dict[str, list[str]] = defaultdict(list)

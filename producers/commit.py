@@ -139,15 +139,15 @@ class Committer:
         if retry:  # the server restarted and lost its script cache: load again, resend those
             self._sha = None
             again = await self._send(await self._load(), [groups[i] for i in retry])
-            for i, reply in zip(retry, again):
+            for i, reply in zip(retry, again, strict=True):
                 replies[i] = reply
-        for (_, items), reply in zip(groups, replies):
+        for (_, items), reply in zip(groups, replies, strict=True):
             if isinstance(reply, Exception):
                 raise reply
             codes = [int(r) for r in reply]
             if len(codes) == 1 and codes[0] < 0:  # a refusal covers the whole shard
                 codes = codes * len(items)
-            for item, code in zip(items, codes):
+            for item, code in zip(items, codes, strict=True):
                 outcome = Outcome(code)
                 self.committed += outcome is Outcome.COMMITTED
                 if not item.future.done():

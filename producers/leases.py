@@ -81,7 +81,7 @@ class Leases:
     async def heartbeat(self, held: list[ShardId]) -> Heartbeat:
         keys = [self._keys.producers] + [self.key(s) for s in held]
         live, flags = await self._heartbeat(keys=keys, args=[self.producer_id, self.ttl_ms])
-        lost = [shard for shard, flag in zip(held, flags) if not int(flag)]
+        lost = [shard for shard, flag in zip(held, flags, strict=True) if not int(flag)]
         return Heartbeat(live=max(1, int(live)), lost=lost)
 
     async def try_claim(self, shard: ShardId) -> bool:

@@ -67,6 +67,7 @@ class Producer:
         handle_signals: bool = True,
         poll_interval_s: float = 0.2,
         seconds: float | None = None,
+        policy: Policy | None = None,
     ):
         if max_shards is not None and max_shards < 1:
             raise ConfigError(f"--max-shards must be >= 1, got {max_shards}")
@@ -77,6 +78,7 @@ class Producer:
         self.handle_signals = handle_signals
         self.poll_interval_s = poll_interval_s
         self.seconds = seconds
+        self._policy_override = policy
         self.shards: dict[ShardId, ShardRun] = {}
         self.committed = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -167,7 +169,7 @@ class Producer:
     async def _serve(self, redis: Redis, config: RolloutConfig) -> None:
         assert self._stop is not None
         self.config = config
-        self.policy: Policy = make_policy(config.policy)
+        self.policy: Policy = self._policy_override or make_policy(config.policy)
         self.schedules = {m: Schedule(config.episodes_per_step(m), config.ratio)
                           for m in config.modes()}
         self.state = ControlState()
@@ -259,7 +261,7 @@ class Producer:
         pipe.get(self.keys.val_round)
         cursors, val_round = await pipe.execute()
         slots = []
-        for env_id, cursor in zip(env_ids, cursors):
+        for env_id, cursor in zip(env_ids, cursors, strict=True):
             group = manager.group_of_env(env_id)
             tag = manager.tag_of_group(group)
             spec = self.config.env_spec(tag)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from producers.policies import Policy
+from producers.policies import Policy, StepContext
 from schemas.codec import SCHEMA_VERSION, traj_ids
 from schemas.seeding import episode_seed
 
@@ -70,7 +70,9 @@ async def play_episode(
     """
     k = slot.k
     env_seed = episode_seed(seed, slot.mode, slot.group_id, k)
-    rng = np.random.default_rng([env_seed, slot.member])
+    ctx = StepContext(env=slot.env, rng=np.random.default_rng([env_seed, slot.member]),
+                      version=0, mode=slot.mode, group_id=slot.group_id, episode_id=k,
+                      member=slot.member, tag=slot.tag)
     started = time.perf_counter()
     env_s = policy_s = 0.0
     version_start: int | None = None
@@ -88,8 +90,9 @@ async def play_episode(
         step_version = version()
         if version_start is None:
             version_start = step_version
+        ctx.version = step_version
         t0 = time.perf_counter()
-        action, response = await policy.act(observation, slot.env, rng, step_version)
+        action, response = await policy.act(observation, ctx)
         t1 = time.perf_counter()
         if response is not None and hasattr(slot.env.unwrapped, "step_text"):
             next_obs, reward, terminated, truncated, info = slot.env.unwrapped.step_text(response)

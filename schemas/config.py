@@ -90,14 +90,15 @@ class EnvManagerConfig(BaseModel):
         """Tag -> [first group, end group). A tag named twice gets its first range."""
         ranges: dict[str, tuple[int, int]] = {}
         start = 0
-        for tag, count in zip(self.tags, self.partition):
+        for tag, count in zip(self.tags, self.partition, strict=True):
             ranges.setdefault(tag, (start, start + count))
             start += count
         return ranges
 
     @cached_property
     def _group_tags(self) -> list[str]:
-        return [tag for tag, count in zip(self.tags, self.partition) for _ in range(count)]
+        pairs = zip(self.tags, self.partition, strict=True)
+        return [tag for tag, count in pairs for _ in range(count)]
 
     def tag_of_group(self, group_id: int) -> str:
         return self._group_tags[group_id]

@@ -20,7 +20,9 @@ class Keys:
 
     def __post_init__(self) -> None:
         if not self.run or any(c in self.run for c in "{}: \t\n"):
-            raise ValueError(f"run name {self.run!r} must be non-empty, without braces, ':' or spaces")
+            raise ValueError(
+                f"run name {self.run!r} must be non-empty, without braces, ':' or spaces"
+            )
 
     @property
     def prefix(self) -> str:

@@ -1,0 +1,66 @@
+"""Environments: our text grid envs, registered with gymnasium, and the env factory.
+
+Importing this package registers `rollstream/Sokoban-v0` and `rollstream/FrozenLake-v0`
+(idempotent). `make_env` builds any registered gymnasium env from a tag's spec; our own envs
+get a text observation, `instruction`, `parse_action` and `step_text` for LLM agents.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+from producers.envs.frozenlake import FrozenLakeEnv
+from producers.envs.sokoban import SokobanEnv
+from producers.envs.text import TextGridEnv, parse_answer
+from schemas.envspec import FROZENLAKE_ID, SOKOBAN_ID
+
+__all__ = [
+    "FROZENLAKE_ID",
+    "SOKOBAN_ID",
+    "FrozenLakeEnv",
+    "SokobanEnv",
+    "TextGridEnv",
+    "is_text_env",
+    "make_env",
+    "parse_answer",
+    "register_envs",
+]
+
+_ENTRY_POINTS = {
+    SOKOBAN_ID: "producers.envs.sokoban:SokobanEnv",
+    FROZENLAKE_ID: "producers.envs.frozenlake:FrozenLakeEnv",
+}
+
+
+def register_envs() -> None:
+    """Register our env ids with gymnasium; ids already registered are left alone."""
+    for env_id, entry_point in _ENTRY_POINTS.items():
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=entry_point)
+
+
+def make_env(env_id: str, env_config: dict[str, Any] | None = None) -> gym.Env:
+    """Build `gymnasium.make(env_id, **env_config)`; a bad id raises `ValueError` naming it.
+
+    Our text envs default to `render_mode="ansi"` and no passive env checker: the producer
+    steps them thousands of times a second, and `check_env` in the tests covers the API.
+    """
+    register_envs()
+    kwargs = dict(env_config or {})
+    if env_id in _ENTRY_POINTS:
+        kwargs.setdefault("render_mode", "ansi")
+        kwargs.setdefault("disable_env_checker", True)
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.Error as exc:
+        raise ValueError(f"cannot make env {env_id!r}: {exc}") from exc
+
+
+def is_text_env(env: gym.Env) -> bool:
+    """Whether the env takes text replies (its unwrapped env has `parse_action`)."""
+    return callable(getattr(env.unwrapped, "parse_action", None))
+
+
+register_envs()

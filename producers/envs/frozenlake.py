@@ -1,0 +1,177 @@
+"""FrozenLake for LLM agents: walk from the start to the goal without falling into a hole.
+
+Registered as `rollstream/FrozenLake-v0`. Each reset draws a new `size` x `size` map from the
+reset seed, as gymnasium's `generate_random_map` does: the start is the top-left cell, the
+goal the bottom-right one, every other cell is frozen with probability `p`, and maps are
+redrawn until a breadth-first search finds a path from start to goal. The dynamics are
+gymnasium's FrozenLake.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from producers.envs.text import TextGridEnv, describe_vocab, resolve_vocab
+
+# Cell kind -> symbol; the keys are the `grid_lookup` keys.
+DEFAULT_VOCAB: Mapping[str, str] = MappingProxyType(
+    {
+        "player": "P",
+        "frozen": "_",
+        "hole": "O",
+        "goal": "G",
+        "player_in_hole": "X",
+        "player_on_goal": "√",
+    }
+)
+
+FROZEN, HOLE, GOAL = "F", "H", "G"  # tile codes of a generated map
+MAX_MAP_ATTEMPTS = 10_000  # maps drawn before giving up (only a tiny `p` gets near it)
+GOAL_REWARD = 1.0
+
+# (row, col) offsets of Left, Down, Right, Up: gymnasium's action order.
+_MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))
+
+
+def generate_lake(size: int, p: float, rng: np.random.Generator) -> tuple[str, ...]:
+    """A map as rows of tile codes, with a path from the top-left start to the bottom-right goal.
+
+    Maps are drawn until one has a path; all draws come from `rng`, so the map is a function
+    of the generator's state.
+    """
+    for _ in range(MAX_MAP_ATTEMPTS):
+        frozen = (rng.random(size * size) < p).tolist()
+        tiles = [FROZEN if is_frozen else HOLE for is_frozen in frozen]
+        tiles[0] = FROZEN
+        tiles[-1] = GOAL
+        rows = tuple("".join(tiles[row * size : (row + 1) * size]) for row in range(size))
+        if has_path(rows):
+            return rows
+    raise RuntimeError(f"no FrozenLake map with a path after {MAX_MAP_ATTEMPTS} draws (p={p})")
+
+
+def has_path(rows: tuple[str, ...]) -> bool:
+    """Whether the goal can be reached from the top-left cell without entering a hole."""
+    size = len(rows)
+    seen = {(0, 0)}
+    queue = deque([(0, 0)])
+    while queue:
+        row, col = queue.popleft()
+        if rows[row][col] == GOAL:
+            return True
+        for d_row, d_col in _MOVES:
+            nxt = (row + d_row, col + d_col)
+            if 0 <= nxt[0] < size and 0 <= nxt[1] < size and nxt not in seen:
+                if rows[nxt[0]][nxt[1]] != HOLE:
+                    seen.add(nxt)
+                    queue.append(nxt)
+    return False
+
+
+class FrozenLakeEnv(TextGridEnv):
+    """FrozenLake with a random map per reset and a text observation.
+
+    Actions 0..3 = Left, Down, Right, Up. On a slippery lake the move taken is the intended
+    one or one of the two perpendicular ones, 1/3 each (drawn from the env's generator). A
+    move off the edge stays put. Reaching the goal terminates with reward 1, a hole terminates
+    with reward 0; other steps earn 0. `truncated` once `max_steps` steps have been taken.
+    """
+
+    action_names = ("Left", "Down", "Right", "Up")
+
+    def __init__(
+        self,
+        size: int = 4,
+        p: float = 0.8,
+        is_slippery: bool = True,
+        max_steps: int = 100,
+        grid_lookup: Mapping[str, str] | None = None,
+        format_penalty: float = -0.01,
+        render_mode: str | None = None,
+    ) -> None:
+        if int(size) < 2:
+            raise ValueError(f"size must be >= 2, got {size}")
+        if not 0.0 < float(p) <= 1.0:
+            raise ValueError(f"p (the probability a cell is frozen) must be in (0, 1], got {p}")
+        self.size = int(size)
+        self.p = float(p)
+        self.is_slippery = bool(is_slippery)
+        self.vocab = resolve_vocab(DEFAULT_VOCAB, grid_lookup)
+        super().__init__(
+            rows=self.size,
+            cols=self.size,
+            symbols="".join(self.vocab.values()),
+            max_steps=max_steps,
+            format_penalty=format_penalty,
+            render_mode=render_mode,
+        )
+        self._tiles: tuple[str, ...] = ()  # the map, rows of tile codes
+        self._base: list[str] = []  # the rendered map without the player
+        self._row = 0
+        self._col = 0
+
+    @property
+    def instruction(self) -> str:
+        """The rules, the current vocabulary, the actions and the answer format."""
+        names = ", ".join(self.action_names)
+        slippery = (
+            " The ice is slippery: you may move in a direction perpendicular to the one you chose."
+            if self.is_slippery
+            else ""
+        )
+        return (
+            "You are walking on a frozen lake. Reach the goal without falling into a hole; "
+            f"moving off the edge leaves you where you are.{slippery}\n"
+            f"Grid symbols: {describe_vocab(self.vocab)}.\n"
+            f"Actions: {names}. Reward: {GOAL_REWARD:g} at the goal, 0 otherwise. At most "
+            f"{self.max_steps} steps.\n"
+            "Answer with one action in the tag, for example <answer>Left</answer>."
+        )
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Draw a new map from the env's generator (seeded by `seed` when given)."""
+        super().reset(seed=seed)
+        self._tiles = generate_lake(self.size, self.p, self.np_random)
+        symbol = {FROZEN: self.vocab["frozen"], HOLE: self.vocab["hole"], GOAL: self.vocab["goal"]}
+        self._base = list("\n".join("".join(symbol[t] for t in row) for row in self._tiles))
+        self._row = self._col = 0
+        self._num_steps = 0
+        return self._text(), {"success": False}
+
+    def _move(self, action: int) -> tuple[float, bool, bool]:
+        if self._is_over():  # holes and the goal are absorbing, as in gymnasium
+            return 0.0, True, False
+        if self.is_slippery:
+            action = (action + int(self.np_random.integers(3)) - 1) % 4
+        d_row, d_col = _MOVES[action]
+        last = self.size - 1
+        row = min(max(self._row + d_row, 0), last)
+        col = min(max(self._col + d_col, 0), last)
+        moved = (row, col) != (self._row, self._col)
+        self._row, self._col = row, col
+        tile = self._tiles[row][col]
+        return (GOAL_REWARD if tile == GOAL else 0.0), tile != FROZEN, moved
+
+    def _is_over(self) -> bool:
+        return self._tiles[self._row][self._col] != FROZEN
+
+    def _text(self) -> str:
+        tile = self._tiles[self._row][self._col]
+        kind = "player_in_hole" if tile == HOLE else "player_on_goal" if tile == GOAL else "player"
+        cells = self._base.copy()
+        cells[self._row * (self.size + 1) + self._col] = self.vocab[kind]
+        return "".join(cells)
+
+    def _info(self, *, valid: bool, effective: bool) -> dict[str, Any]:
+        return {
+            "success": self._tiles[self._row][self._col] == GOAL,
+            "action_is_valid": valid,
+            "action_is_effective": effective,
+        }

@@ -1,0 +1,153 @@
+"""`rollstream up`: Redis (embedded unless a URL is given), producer processes, a trainer loop.
+
+The trainer loop is a stand-in for a real trainer: get a batch, "train" for `train_step_s`,
+ack, publish the next version, print one line. Ctrl+C or SIGTERM stops the run, its producer
+processes and the embedded server; producers also die with this process (PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TextIO
+
+import redis
+
+from consumer import Batch, Batcher
+from rollstream.embedded import EmbeddedRedis, die_with_parent
+from schemas.config import RolloutConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class UpOptions:
+    config: RolloutConfig
+    redis_url: str | None
+    run: str
+    producers: int | None = None
+    steps: int | None = None
+    seconds: float | None = None
+    train_step_s: float = 0.0
+    timeout_s: float = 120.0
+    val_every: int = 0
+    log_level: str = "WARNING"
+
+
+def default_producers(config: RolloutConfig) -> int:
+    """Enough producers for the shards, at most one per core."""
+    shards = sum(config.manager(m).num_shards for m in config.modes())
+    return max(1, min(shards, os.cpu_count() or 1))
+
+
+def start_producers(url: str, run: str, count: int, log_level: str) -> list[subprocess.Popen]:
+    """Producer processes in their own session (a terminal's Ctrl+C reaches only us)."""
+    cmd = [sys.executable, "-m", "rollstream", "--log-level", log_level, "produce",
+           "--redis-url", url, "--run", run]
+    return [subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent)
+            for _ in range(count)]
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 15.0) -> list[int]:
+    """SIGTERM each, wait, then SIGKILL what is left. Returns the exit codes."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            logger.warning("producer pid %d ignored SIGTERM; killing it", proc.pid)
+            proc.kill()
+            proc.wait()
+    return [proc.returncode for proc in procs]
+
+
+def format_step(step: int, batch: Batch) -> str:
+    m = batch.metrics
+    tags = " ".join(f"{name.split('/')[1]}={value:.2f}" for name, value in sorted(m.items())
+                    if name.startswith("env/") and name.endswith("/success"))
+    return (f"step {step:>4}  v{batch.version:<4} wait {m['time/get_batch_cost']:6.2f}s  "
+            f"trajs {len(batch):>5}  success {tags}  "
+            f"stale_dropped {int(m.get('scheduler/stale_dropped', 0))}  "
+            f"staleness_max {int(m.get('scheduler/staleness/max', 0))}")
+
+
+def trainer_loop(batcher: Batcher, opts: UpOptions, out: TextIO) -> int:
+    """Run train steps until `steps` or `seconds` is reached; returns the steps done."""
+    started = time.monotonic()
+    step = 0
+    while opts.steps is None or step < opts.steps:
+        if opts.seconds is not None and time.monotonic() - started >= opts.seconds:
+            break
+        batch = batcher.get_batch("train", timeout_s=opts.timeout_s)
+        if opts.train_step_s > 0:
+            time.sleep(opts.train_step_s)  # stand-in for the policy update
+        batcher.ack(batch)
+        batcher.publish_version()
+        print(format_step(step, batch), file=out, flush=True)
+        step += 1
+        if opts.val_every and step % opts.val_every == 0:
+            val = batcher.get_batch("val", timeout_s=opts.timeout_s)
+            print("  val " + format_step(step, val).split("  ", 2)[2], file=out, flush=True)
+    return step
+
+
+@contextmanager
+def redis_server(url: str | None) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends the launcher as Ctrl+C does, so the same cleanup runs."""
+
+    def raise_interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def up(opts: UpOptions, out: TextIO = sys.stdout) -> int:
+    """The whole run on this machine. Returns the exit status."""
+    count = opts.producers or default_producers(opts.config)
+    procs: list[subprocess.Popen] = []
+    with sigterm_as_interrupt(), redis_server(opts.redis_url) as url:
+        client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
+        batcher = Batcher(client, opts.config, run=opts.run)
+        try:
+            procs = start_producers(url, opts.run, count, opts.log_level)
+            print(f"rollstream up: run {opts.run!r} at {url}, {count} producer(s), "
+                  f"{'sync' if opts.config.is_sync else 'async'} "
+                  f"(ratio {opts.config.ratio})", file=out, flush=True)
+            steps = trainer_loop(batcher, opts, out)
+            print(f"done: {steps} steps", file=out, flush=True)
+        except KeyboardInterrupt:
+            print("interrupted; stopping", file=out, flush=True)
+        finally:
+            try:
+                batcher.stop_run()
+            except redis.RedisError as exc:
+                logger.warning("could not publish the stop: %s", exc)
+            codes = stop_processes(procs)
+            client.close()
+        bad = [c for c in codes if c not in (0, -signal.SIGTERM)]
+        if bad:
+            print(f"warning: producer exit codes {codes}", file=out, flush=True)
+    return 0

@@ -1,0 +1,97 @@
+"""Test fixtures: a real Redis server, a run name of each test's own, producers.
+
+The server is the one at ROLLSTREAM_TEST_REDIS_URL when set (CI sets it when a server answers
+at 127.0.0.1:6379), else an embedded redis-server this suite starts and stops itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from helpers import ProducerThread, small_config
+
+from producers.producer import Producer
+from rollstream.embedded import EmbeddedRedis
+from schemas.config import RolloutConfig
+from schemas.keys import Keys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("ROLLSTREAM_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+@pytest.fixture
+def run(redis_url: str) -> Iterator[str]:
+    """A run name of this test's own; its keys are deleted afterwards."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    yield name
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=Keys(name).pattern(), count=1000))
+    for i in range(0, len(keys), 500):
+        client.delete(*keys[i : i + 500])
+    client.close()
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def config_factory() -> Callable[..., RolloutConfig]:
+    return small_config
+
+
+@pytest.fixture
+def producer_thread(redis_url: str, run: str) -> Iterator[Callable[..., ProducerThread]]:
+    started: list[ProducerThread] = []
+
+    def start(**kwargs: Any) -> ProducerThread:
+        kwargs.setdefault("handle_signals", False)
+        kwargs.setdefault("poll_interval_s", 0.05)
+        thread = ProducerThread(Producer(redis_url, run, **kwargs)).start()
+        started.append(thread)
+        return thread
+
+    yield start
+    for thread in started:
+        if thread.thread.is_alive():
+            thread.stop()
+
+
+@pytest.fixture
+def producer_process(redis_url: str, run: str) -> Iterator[Callable[..., subprocess.Popen]]:
+    """Real `rollstream produce` processes; killed at teardown if still running."""
+    procs: list[subprocess.Popen] = []
+
+    def start(*extra: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "rollstream", "--log-level", "INFO", "produce",
+               "--redis-url", redis_url, "--run", run, *extra]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)

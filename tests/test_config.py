@@ -1,0 +1,201 @@
+"""Config loading and refusals (pure logic, no Redis)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from schemas.config import RolloutConfig, resolve_redis_url, resolve_run
+from schemas.errors import ConfigError
+
+SEED = Path(__file__).resolve().parents[2] / "shared" / "seed" / "env_managers.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def manager(**overrides):
+    base = {"max_env_num_per_worker": 4, "num_env_groups": 4, "group_size": 2,
+            "tags": ["FrozenLake"]}
+    base.update(overrides)
+    return base
+
+
+def load(**top):
+    top.setdefault("train_env_manager", manager())
+    return RolloutConfig.from_dict(top)
+
+
+def seed_path() -> Path:
+    if SEED.exists():
+        return SEED
+    return ROOT / "configs" / "seed_env_managers.yaml"  # same blocks, for a lone checkout
+
+
+def test_seed_yaml_loads_unchanged_with_the_documented_layout():
+    config = RolloutConfig.from_yaml(seed_path())
+    assert config.layout()["train"] == {
+        "envs": 1024, "groups": 128, "shards": 64, "group_size": 8,
+        "tags": {"FrozenLake": [0, 128]},
+    }
+    val = config.layout()["val"]
+    assert (val["envs"], val["groups"], val["shards"], val["group_size"]) == (1024, 1024, 32, 1)
+    assert val["tags"] == {"SimpleSokoban": [0, 256], "LargerSokoban": [256, 512],
+                           "SokobanDifferentGridVocab": [512, 768], "FrozenLake": [768, 1024]}
+
+
+def test_seed_config_in_configs_matches_the_seed_blocks():
+    if not SEED.exists():
+        pytest.skip("shared/seed is not beside this checkout")
+    ours = yaml.safe_load((ROOT / "configs" / "seed_env_managers.yaml").read_text())
+    seed = yaml.safe_load(SEED.read_text())
+    for block in ("train_env_manager", "val_env_manager"):
+        assert ours[block] == seed[block]
+
+
+def test_env_ids_groups_and_shards_follow_the_layout():
+    m = load(train_env_manager=manager(num_env_groups=6, group_size=3, max_env_num_per_worker=4,
+                                       tags=["FrozenLake", "SimpleSokoban"])).train_env_manager
+    assert m.num_envs == 18 and m.num_shards == 5
+    assert [m.group_of_env(e) for e in (0, 2, 3, 17)] == [0, 0, 1, 5]
+    assert [m.tag_of_group(g) for g in range(6)] == ["FrozenLake"] * 3 + ["SimpleSokoban"] * 3
+    assert list(m.envs_of_shard(4)) == [16, 17]
+
+
+def test_missing_partition_splits_evenly_with_the_remainder_first():
+    m = load(train_env_manager=manager(num_env_groups=10, tags=["FrozenLake", "SimpleSokoban",
+                                                                "LargerSokoban"])).train_env_manager
+    assert m.partition == [4, 3, 3]
+    assert m.tag_ranges == {"FrozenLake": (0, 4), "SimpleSokoban": (4, 7), "LargerSokoban": (7, 10)}
+
+
+def test_batch_sizes_default_to_one_trajectory_per_env_group_member():
+    config = RolloutConfig.from_yaml(seed_path())
+    assert config.rollout_batch_size == 1024 and config.val_batch_size == 1024
+    assert config.episodes_per_step("train") == 1
+
+
+@pytest.mark.parametrize(
+    ("top", "needle"),
+    [
+        ({"train_env_manager": manager(num_groups_partition=[2, 2])},
+         "num_groups_partition has 2 entries but tags has 1"),
+        ({"train_env_manager": manager(num_groups_partition=[3])},
+         "num_groups_partition sums to 3, not num_env_groups 4"),
+        ({"train_env_manager": manager(tags=["FrozenLake", "NoSuchTag"],
+                                       num_groups_partition=[2, 2])},
+         "train_env_manager.tags: unknown env tag 'NoSuchTag'"),
+        ({"train_env_manager": manager(num_env_groups=0)},
+         "train_env_manager.num_env_groups"),
+        ({"train_env_manager": manager(group_size=-1)}, "train_env_manager.group_size"),
+        ({"train_env_manager": manager(max_env_num_per_worker=0)},
+         "train_env_manager.max_env_num_per_worker"),
+        ({"train_env_manager": manager(num_groups_partition=[0])},
+         "train_env_manager.num_groups_partition.0"),
+        ({"rollout_batch_size": 5}, "rollout_batch_size 5 is not a multiple of "
+                                    "train_env_manager.group_size 2"),
+        ({"val_batch_size": 3, "val_env_manager": manager(group_size=2)},
+         "val_batch_size 3 is not a multiple of val_env_manager.group_size 2"),
+        ({"async_generation_ratio": -1}, "async_generation_ratio"),
+        ({"async_generation_ratio": 0.5}, "async_generation_ratio"),
+        ({"custom_envs": {"Mine": {"env_type": "chess"}}}, "custom_envs.Mine"),
+        ({"policy": {"type": "telepathy"}}, "policy.type"),
+    ],
+)
+def test_refusals_name_the_field(top, needle):
+    with pytest.raises(ConfigError) as info:
+        load(**top)
+    assert needle in str(info.value)
+
+
+def test_unknown_keys_are_ignored_with_one_warning_listing_them(caplog):
+    with caplog.at_level(logging.WARNING):
+        config = load(pipeline_cls="roll.Pipeline", actor_train={"lr": 1},
+                      train_env_manager=manager(env_manager_cls="X"),
+                      custom_envs={"FrozenLake": {"env_type": "frozen_lake",
+                                                  "max_tokens_per_step": 64}})
+    assert config.train_env_manager.num_env_groups == 4
+    warnings = [r.getMessage() for r in caplog.records if "unknown config keys" in r.getMessage()]
+    assert len(warnings) == 1
+    for key in ("pipeline_cls", "actor_train", "train_env_manager.env_manager_cls",
+                "custom_envs.FrozenLake.max_tokens_per_step"):
+        assert key in warnings[0]
+
+
+def test_val_group_size_above_one_is_allowed_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING):
+        config = load(val_env_manager=manager(group_size=2))
+    assert config.val_env_manager.group_size == 2
+    assert any("val_env_manager.group_size" in r.getMessage() for r in caplog.records)
+
+
+def test_custom_env_tag_and_gymnasium_id_tag():
+    config = load(custom_envs={"Pole": {"env_id": "CartPole-v1"}},
+                  train_env_manager=manager(tags=["Pole", "CartPole-v1"],
+                                            num_groups_partition=[2, 2]))
+    assert config.env_spec("Pole").env_id == "CartPole-v1"
+    assert config.env_spec("CartPole-v1").env_id == "CartPole-v1"
+    assert config.env_spec("FrozenLake").env_id == "rollstream/FrozenLake-v0"
+
+
+def test_published_json_round_trips():
+    config = load(async_generation_ratio=2, seed=3)
+    assert RolloutConfig.from_json(config.to_json()) == config
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train_env_manager: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        RolloutConfig.from_yaml(bad)
+    with pytest.raises(ConfigError, match="cannot read config"):
+        RolloutConfig.from_yaml(tmp_path / "missing.yaml")
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        RolloutConfig.from_yaml(scalar)
+
+
+def test_redis_url_and_run_resolution(monkeypatch):
+    monkeypatch.delenv("ROLLSTREAM_REDIS_URL", raising=False)
+    monkeypatch.setenv("REDIS_URL", "redis://fallback:6379/0")
+    assert resolve_redis_url(None) == "redis://fallback:6379/0"
+    monkeypatch.setenv("ROLLSTREAM_REDIS_URL", "redis://first:6379/0")
+    assert resolve_redis_url(None) == "redis://first:6379/0"
+    assert resolve_redis_url("redis://flag:1/0") == "redis://flag:1/0"
+    monkeypatch.setenv("ROLLSTREAM_RUN", "exp9")
+    assert resolve_run(None) == "exp9"
+    assert resolve_run("given") == "given"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("ROLLSTREAM_REDIS_URL", "REDIS_URL")}
+    return subprocess.run([sys.executable, "-m", "rollstream", *args], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=60)
+
+
+def test_cli_config_check_json_prints_the_exact_layout():
+    out = run_cli("config", "check", str(seed_path()), "--json")
+    assert out.returncode == 0, out.stderr
+    layout = json.loads(out.stdout)
+    assert layout["train"] == {"envs": 1024, "groups": 128, "shards": 64, "group_size": 8,
+                               "tags": {"FrozenLake": [0, 128]}}
+    assert layout["val"]["tags"]["FrozenLake"] == [768, 1024]
+
+
+def test_cli_bad_file_and_bad_command_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"train_env_manager": manager(tags=["Nope"])}))
+    out = run_cli("config", "check", str(bad))
+    assert out.returncode == 2
+    assert "train_env_manager.tags: unknown env tag 'Nope'" in out.stderr
+    assert run_cli("config", "check").returncode == 2
+    assert run_cli("up", "--config", str(bad), "--steps", "0").returncode == 2
+    assert run_cli("produce", "--redis-url", "bogus://x", "--run", "x").returncode == 2
+    missing = run_cli("produce", "--run", "x")
+    assert missing.returncode == 2 and "no Redis URL" in missing.stderr

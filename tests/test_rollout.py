@@ -1,0 +1,251 @@
+"""The rollout path against a real Redis: producers (in threads) -> streams -> batcher."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import msgpack
+import pytest
+from helpers import BROKEN_ENV_ID, small_config
+
+from consumer import Batcher
+from producers.policies import StepContext
+from producers.policies.random import RandomPolicy
+from schemas.codec import ENTRY_FIELD, decode_trajectory, encode_trajectory
+from schemas.errors import BatchTimeout
+from schemas.keys import Keys
+from schemas.seeding import episode_seed
+
+
+def stream_lengths(r, keys: Keys, config, mode: str = "train") -> list[int]:
+    pipe = r.pipeline(transaction=False)
+    for g in range(config.manager(mode).num_env_groups):
+        pipe.xlen(keys.stream(mode, g))
+    return pipe.execute()
+
+
+def assert_complete_groups(batch, group_size: int) -> None:
+    by_group = Counter(batch.traj_group_ids)
+    assert all(count == group_size for count in by_group.values()), by_group
+    for group_id in by_group:
+        members = [t for t in batch.trajectories if t["traj_group_id"] == group_id]
+        assert sorted(t["member"] for t in members) == list(range(group_size))
+
+
+def test_batches_hold_only_complete_groups_with_shared_seeds(r, run, producer_thread):
+    config = small_config(rollout_batch_size=8)  # 2 of the 4 groups per step
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    for _ in range(3):
+        batch = batcher.get_batch("train", timeout_s=20)
+        assert len(batch) == 8
+        assert_complete_groups(batch, 4)
+        for t in batch.trajectories:
+            assert t["seed"] == episode_seed(config.seed, "train", t["group_id"], t["episode_id"])
+        # members share the env seed but act on their own generators
+        first = [t for t in batch.trajectories if t["traj_group_id"] == batch.traj_group_ids[0]]
+        assert len({tuple(s["action"] for s in t["steps"]) for t in first}) > 1
+        assert batch.scores.shape == (8,) and batch.mask.shape[0] == 8
+        assert batch.mask.sum() == batch.num_actions.sum()
+        batcher.ack(batch)
+        batcher.publish_version()
+
+
+class SlowGroupPolicy(RandomPolicy):
+    """Random actions, but group 0 takes `delay_s` per action (a straggler)."""
+
+    def __init__(self, delay_s: float):
+        self.delay_s = delay_s
+
+    async def act(self, observation: Any, ctx: StepContext):
+        if ctx.mode == "train" and ctx.group_id == 0:
+            await asyncio.sleep(self.delay_s)
+        return await super().act(observation, ctx)
+
+
+def test_get_batch_returns_while_one_groups_env_is_slow(r, run, producer_thread):
+    config = small_config(rollout_batch_size=12, async_generation_ratio=1)
+    batcher = Batcher(r, config, run=run)
+    producer_thread(policy=SlowGroupPolicy(delay_s=30.0))
+    started = time.monotonic()
+    batch = batcher.get_batch("train", timeout_s=20)
+    assert time.monotonic() - started < 10
+    assert 0 not in set(batch.group_ids.tolist())
+    assert_complete_groups(batch, 4)
+
+
+def test_sync_pause_stops_xadds_and_next_get_batch_resumes(r, run, producer_thread):
+    config = small_config(rollout_batch_size=16)  # sync, all 4 groups per step
+    keys = Keys(run)
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    first = batcher.get_batch("train", timeout_s=20)
+    assert r.smembers(keys.pause) == {b"sync"}
+    batcher.ack(first)
+    batcher.publish_version()  # version 1 admits episode 1, but the pause holds it
+    time.sleep(0.3)
+    before = stream_lengths(r, keys, config)
+    time.sleep(1.0)
+    assert stream_lengths(r, keys, config) == before == [0, 0, 0, 0]
+    second = batcher.get_batch("train", timeout_s=20)  # clears the pause as it starts
+    assert set(second.episode_ids.tolist()) == {1}
+    assert second.metrics["scheduler/staleness/max"] == 0
+
+
+def test_operator_pause_holds_even_while_the_trainer_asks(r, run, producer_thread):
+    config = small_config(rollout_batch_size=16)
+    keys = Keys(run)
+    batcher = Batcher(r, config, run=run)
+    r.sadd(keys.pause, "operator")
+    producer_thread()
+    with pytest.raises(BatchTimeout, match="pause reasons: \\['operator'\\]"):
+        batcher.get_batch("train", timeout_s=1.5)
+    r.srem(keys.pause, "operator")
+    r.publish(keys.control, b"pause")
+    assert len(batcher.get_batch("train", timeout_s=20)) == 16
+
+
+def test_async_staleness_is_bounded_and_stale_ones_are_counted(r, run, producer_thread):
+    ratio = 1
+    config = small_config(rollout_batch_size=8, async_generation_ratio=ratio)
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    dropped = 0.0
+    for _ in range(6):
+        batch = batcher.get_batch("train", timeout_s=20)
+        staleness = batch.version - batch.version_start
+        assert staleness.max() <= ratio
+        assert batch.metrics["scheduler/staleness/max"] <= ratio
+        dropped += batch.metrics["scheduler/stale_dropped"]
+        batcher.ack(batch)
+        batcher.publish_version()
+        time.sleep(0.2)  # the producers run ahead while we "train"
+    # half the groups are never taken in time: their episodes expire and are counted
+    assert dropped > 0
+    assert batcher.totals["scheduler/stale_dropped"] == dropped
+
+
+def test_acked_entries_leave_the_streams(r, run, producer_thread):
+    config = small_config(rollout_batch_size=16)
+    keys = Keys(run)
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    batch = batcher.get_batch("train", timeout_s=20)
+    for entry in batch.entries:
+        assert r.xrange(entry.stream, entry.entry_id, entry.entry_id)
+    batcher.ack(batch)
+    for entry in batch.entries:
+        assert r.xrange(entry.stream, entry.entry_id, entry.entry_id) == []
+    pending = [r.xpending(keys.stream("train", g), "batcher")["pending"] for g in range(4)]
+    assert pending == [0, 0, 0, 0]
+    assert r.get(keys.inflight("train", "batcher-0")) is None
+
+
+def test_restarted_batcher_gets_the_same_batch_again(r, run, producer_thread):
+    config = small_config(rollout_batch_size=8, async_generation_ratio=1)
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    first = batcher.get_batch("train", timeout_s=20)
+    time.sleep(0.5)  # more groups complete meanwhile
+    del batcher  # the trainer dies before ack
+    again = Batcher(r, config, run=run).get_batch("train", timeout_s=20)
+    assert again.traj_ids == first.traj_ids
+
+
+def test_dead_batchers_pending_entries_are_claimed(r, run, producer_thread):
+    config = small_config(rollout_batch_size=16)
+    old = Batcher(r, config, run=run, consumer="old-trainer")
+    producer_thread()
+    first = old.get_batch("train", timeout_s=20)
+    new = Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0)
+    again = new.get_batch("train", timeout_s=20)
+    assert sorted(again.traj_ids) == sorted(first.traj_ids)
+
+
+def test_malformed_entry_is_dead_lettered_and_the_batcher_goes_on(r, run, producer_thread):
+    config = small_config(rollout_batch_size=16)
+    keys = Keys(run)
+    batcher = Batcher(r, config, run=run)
+    r.xadd(keys.stream("train", 2), {ENTRY_FIELD: msgpack.packb([1, 2, 3])})
+    producer_thread()
+    batch = batcher.get_batch("train", timeout_s=20)
+    assert len(batch) == 16
+    dead = r.xrange(keys.dead)
+    assert len(dead) == 1
+    assert dead[0][1][b"stream"] == keys.stream("train", 2).encode()
+    assert b"expected a map" in dead[0][1][b"reason"]
+
+
+def test_entry_in_the_wrong_stream_is_dead_lettered(r, run):
+    config = small_config()
+    keys = Keys(run)
+    batcher = Batcher(r, config, run=run)
+    producer_free = {"traj_id": "x", "traj_group_id": "x", "mode": "train", "group_id": 3,
+                     "episode_id": 0, "member": 0, "env_id": 12, "tag": "FrozenLake",
+                     "seed": 1, "version_start": 0, "version_end": 0, "episode_score": 0.0,
+                     "success": False, "terminated": True, "truncated": False,
+                     "num_actions": 0, "steps": [], "producer": "test"}
+    r.xadd(keys.stream("train", 1), {ENTRY_FIELD: encode_trajectory(producer_free)})
+    with pytest.raises(BatchTimeout):
+        batcher.get_batch("train", n=4, timeout_s=0.5)
+    reason = r.xrange(keys.dead)[0][1][b"reason"].decode()
+    assert "sits in" in reason and decode_trajectory(r.xrange(keys.dead)[0][1][b"data"])
+
+
+def test_timeout_says_what_it_waited_for(r, run):
+    batcher = Batcher(r, small_config(), run=run)
+    with pytest.raises(BatchTimeout) as info:
+        batcher.get_batch("train", timeout_s=0.3)
+    text = str(info.value)
+    assert "16 trajectories (4 complete groups of 4)" in text
+    assert "producers with a heartbeat: 0" in text
+
+
+def test_val_round_replays_the_same_episodes(r, run, producer_thread):
+    config = small_config()
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    first = batcher.get_batch("val", timeout_s=20)
+    second = batcher.get_batch("val", timeout_s=20)
+    assert len(first) == config.val_batch_size == 8
+    assert first.round + 1 == second.round
+    assert first.traj_ids == second.traj_ids
+    assert [t["seed"] for t in first.trajectories] == [t["seed"] for t in second.trajectories]
+    assert [t["steps"] for t in first.trajectories] == [t["steps"] for t in second.trajectories]
+
+
+def test_val_runs_while_train_is_paused(r, run, producer_thread):
+    config = small_config()
+    keys = Keys(run)
+    batcher = Batcher(r, config, run=run)
+    r.sadd(keys.pause, "operator")
+    producer_thread()
+    assert len(batcher.get_batch("val", timeout_s=20)) == 8
+
+
+def test_two_batchers_split_the_groups(r, run, producer_thread):
+    config = small_config(rollout_batch_size=8)
+    even = Batcher(r, config, run=run, index=0, count=2)
+    odd = Batcher(r, config, run=run, index=1, count=2)
+    producer_thread()
+    assert set(even.get_batch("train", timeout_s=20).group_ids.tolist()) == {0, 2}
+    assert set(odd.get_batch("train", timeout_s=20).group_ids.tolist()) == {1, 3}
+
+
+def test_failing_env_drops_its_group_and_counts_it(r, run, producer_thread):
+    config = small_config(
+        rollout_batch_size=12, env_max_retries=1, async_generation_ratio=1,
+        custom_envs={"Broken": {"env_id": BROKEN_ENV_ID}},
+        train_env_manager={"tags": ["FrozenLake", "Broken"], "num_groups_partition": [3, 1]},
+    )
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    for _ in range(3):
+        batch = batcher.get_batch("train", timeout_s=20)
+        assert 3 not in set(batch.group_ids.tolist())
+        batcher.ack(batch)
+        batcher.publish_version()
+    assert batcher.totals["scheduler/failed_groups"] >= 1
