@@ -20,7 +20,7 @@ from schemas.seeding import episode_seed
 
 logger = logging.getLogger(__name__)
 
-_SCALARS = (bool, int, float, str)
+_SCALARS = frozenset((bool, int, float, str))
 
 
 @dataclass
@@ -47,10 +47,10 @@ def _clean_info(info: dict[str, Any]) -> dict[str, Any]:
     """The scalar part of a step's info (what travels on the wire)."""
     out = {}
     for key, value in info.items():
-        if isinstance(value, np.generic):
-            value = value.item()
-        if isinstance(value, _SCALARS):
-            out[str(key)] = value
+        if type(value) in _SCALARS:
+            out[key] = value
+        elif isinstance(value, np.generic):
+            out[key] = value.item()
     return out
 
 
@@ -61,18 +61,19 @@ async def play_episode(
     producer_id: str,
     policy: Policy,
     version: Callable[[], int],
+    ready: Callable[[], bool],
     gate: Callable[[], Awaitable[bool]],
 ) -> dict[str, Any]:
     """Play episode `slot.k` and return its trajectory message (not yet encoded).
 
-    `gate()` is awaited before every policy call; it returns False to abandon the episode.
+    Before every policy call `ready()` says whether to go on at once (the common case, no
+    await); when it says no, `gate()` waits (a pause) and returns False to abandon the episode.
     Env exceptions propagate; the caller retries with the same seed.
     """
     k = slot.k
     env_seed = episode_seed(seed, slot.mode, slot.group_id, k)
-    ctx = StepContext(env=slot.env, rng=np.random.default_rng([env_seed, slot.member]),
-                      version=0, mode=slot.mode, group_id=slot.group_id, episode_id=k,
-                      member=slot.member, tag=slot.tag)
+    ctx = StepContext(env=slot.env, seed=env_seed, version=0, mode=slot.mode,
+                      group_id=slot.group_id, episode_id=k, member=slot.member, tag=slot.tag)
     started = time.perf_counter()
     env_s = policy_s = 0.0
     version_start: int | None = None
@@ -85,7 +86,7 @@ async def play_episode(
     observation, info = slot.env.reset(seed=env_seed)
     env_s += time.perf_counter() - t0
     while not (terminated or truncated):
-        if not await gate():
+        if not ready() and not await gate():
             raise Abandoned(f"episode {k} of env {slot.env_id}")
         step_version = version()
         if version_start is None:

@@ -39,7 +39,6 @@ REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "steps": list,
     "producer": str,
 }
-_ARRAY_KEYS = frozenset(("dtype", "shape", "data"))
 
 
 def _default(obj: Any) -> Any:
@@ -55,10 +54,17 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
-def _object_hook(obj: dict[str, Any]) -> Any:
-    if len(obj) == 3 and obj.keys() == _ARRAY_KEYS and isinstance(obj["data"], bytes):
-        return np.frombuffer(obj["data"], dtype=np.dtype(obj["dtype"])).reshape(obj["shape"])
+def _as_array(obj: Any) -> Any:
+    """`{dtype, shape, data}` back to a (read-only) numpy array; anything else unchanged."""
+    if type(obj) is dict and len(obj) == 3 and "dtype" in obj and "shape" in obj:
+        data = obj.get("data")
+        if isinstance(data, bytes):
+            return np.frombuffer(data, dtype=np.dtype(obj["dtype"])).reshape(obj["shape"])
     return obj
+
+
+def _object_hook(obj: dict[str, Any]) -> Any:
+    return _as_array(obj)
 
 
 def pack(obj: Any) -> bytes:
@@ -78,9 +84,13 @@ def encode_trajectory(traj: dict[str, Any]) -> bytes:
 
 
 def decode_trajectory(data: bytes) -> dict[str, Any]:
-    """Decode and check one message; raises `DecodeError` naming what is wrong."""
+    """Decode and check one message; raises `DecodeError` naming what is wrong.
+
+    Arrays are restored where a trajectory carries them (observations, actions), which is
+    much cheaper than inspecting every map of the message.
+    """
     try:
-        msg = unpack(data)
+        msg = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several types for garbage
         raise DecodeError(f"not msgpack: {type(exc).__name__}: {exc}") from None
     if not isinstance(msg, dict):
@@ -96,6 +106,16 @@ def decode_trajectory(data: bytes) -> dict[str, Any]:
             raise DecodeError(f"field {name!r} has type {type(value).__name__}")
     if msg["mode"] not in ("train", "val"):
         raise DecodeError(f"field 'mode' is {msg['mode']!r}, not train or val")
+    for step in msg["steps"]:
+        if type(step) is not dict or "action" not in step or "reward" not in step:
+            raise DecodeError("a step lacks 'action' or 'reward'")
+        obs, action = step.get("observation"), step["action"]
+        if type(obs) is dict:
+            step["observation"] = _as_array(obs)
+        if type(action) is dict:
+            step["action"] = _as_array(action)
+    if type(msg.get("final_observation")) is dict:
+        msg["final_observation"] = _as_array(msg["final_observation"])
     return msg
 
 

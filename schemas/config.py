@@ -133,6 +133,9 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["random"] = "random"
+    latency_s: float = Field(
+        default=0.0, ge=0, description="simulated model latency per action (benchmarks, tests)"
+    )
 
 
 class RolloutConfig(BaseModel):

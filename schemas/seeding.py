@@ -6,11 +6,14 @@ reproducible from the config seed alone and independent streams never collide.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 MODE_INDEX = {"train": 0, "val": 1}
 
 
+@lru_cache(maxsize=65536)  # the members of a group ask for the same seed
 def episode_seed(seed: int, mode: str, group_id: int, episode_id: int) -> int:
     """The env reset seed of episode `episode_id` of group `group_id` (a 63-bit int)."""
     entropy = [int(seed) & 0xFFFFFFFFFFFFFFFF, MODE_INDEX[mode], int(group_id), int(episode_id)]

@@ -58,6 +58,7 @@ class SlowGroupPolicy(RandomPolicy):
     """Random actions, but group 0 takes `delay_s` per action (a straggler)."""
 
     def __init__(self, delay_s: float):
+        super().__init__()
         self.delay_s = delay_s
 
     async def act(self, observation: Any, ctx: StepContext):

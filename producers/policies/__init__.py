@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from schemas.config import PolicyConfig
+from schemas.seeding import member_seed
 
 
 @dataclass
@@ -15,13 +16,22 @@ class StepContext:
     """What a policy may look at besides the observation."""
 
     env: Any  # the gymnasium env (its action_space; `unwrapped.instruction` for text envs)
-    rng: np.random.Generator  # the member's own generator, seeded per episode
+    seed: int  # the episode's env seed (shared by the group)
     version: int  # the policy version the producer knows now
     mode: str
     group_id: int
     episode_id: int
     member: int
     tag: str
+    scratch: dict[str, Any] = field(default_factory=dict)  # the policy's per-episode state
+    _rng: np.random.Generator | None = field(default=None, repr=False)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The member's own numpy generator for this episode (made on first use)."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(member_seed(self.seed, self.member))
+        return self._rng
 
 
 class Policy(Protocol):
@@ -37,5 +47,6 @@ class Policy(Protocol):
 def make_policy(config: PolicyConfig) -> Policy:
     from producers.policies.random import RandomPolicy
 
-    factories = {"random": RandomPolicy}
-    return factories[config.type]()
+    if config.type == "random":
+        return RandomPolicy(latency_s=config.latency_s)
+    raise ValueError(f"policy.type {config.type!r} has no implementation")

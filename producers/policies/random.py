@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
 from typing import Any
 
 from gymnasium import spaces
@@ -10,11 +12,29 @@ from producers.policies import StepContext
 
 
 class RandomPolicy:
-    """Samples the env's action space with the member's own generator; no model, no text."""
+    """Samples the env's action space with the member's own generator; no model, no text.
+
+    `latency_s` > 0 waits that long per action, as a model server would (without blocking
+    the other envs of the producer).
+    """
+
+    def __init__(self, latency_s: float = 0.0):
+        self.latency_s = latency_s
 
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None]:
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
         space = ctx.env.action_space
         if isinstance(space, spaces.Discrete):
-            return int(space.start + ctx.rng.integers(space.n)), None
+            return int(space.start) + self._draw(ctx, int(space.n)), None
         space.seed(int(ctx.rng.integers(2**31)))
         return space.sample(), None
+
+    @staticmethod
+    def _draw(ctx: StepContext, n: int) -> int:
+        """A uniform draw from the member's own `random.Random`, seeded by (episode seed,
+        member): reproducible, and ~20x cheaper per draw than a numpy generator call."""
+        stream = ctx.scratch.get("random")
+        if stream is None:
+            stream = ctx.scratch["random"] = random.Random(ctx.seed * 1_000_003 + ctx.member)
+        return stream.randrange(n)

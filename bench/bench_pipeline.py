@@ -1,0 +1,210 @@
+"""Throughput of the whole pipeline against a plain loop over the same env.
+
+    python bench/bench_pipeline.py [--seconds 20] [--producers 2] [--ratio 1] [--redis-url URL]
+
+The pipeline: the seed's train block (128 groups x 8 FrozenLake envs, 16 per shard), random
+policy, producer processes -> Redis Streams -> a Batcher handing 1024-trajectory batches in
+complete groups to a trainer that acks and publishes a new version at once. Counted is what
+the trainer receives. The plain loop: one process, the same env and the same seeds, random
+actions, no queue (first the bare gymnasium loop, then the producers' own episode code).
+Prints trajectories/s, env steps/s, batch wait and trajectory latency percentiles, memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from consumer import Batcher
+from producers.envs import make_env
+from producers.policies.random import RandomPolicy
+from producers.rollout import EnvSlot, play_episode
+from rollstream.embedded import EmbeddedRedis
+from rollstream.launcher import start_producers, stop_processes
+from schemas.config import RolloutConfig
+from schemas.seeding import episode_seed
+
+SEED_BLOCK = {
+    "max_env_num_per_worker": 16, "num_env_groups": 128, "group_size": 8,
+    "tags": ["FrozenLake"], "num_groups_partition": [128],
+}
+
+
+def bench_config(ratio: int, latency_s: float) -> RolloutConfig:
+    return RolloutConfig.from_dict({
+        "rollout_batch_size": 1024, "async_generation_ratio": ratio, "seed": 42,
+        "train_env_manager": SEED_BLOCK,
+        "policy": {"type": "random", "latency_s": latency_s},
+    })
+
+
+def plain_env_loop(config: RolloutConfig, seconds: float) -> tuple[float, float]:
+    """Bare gymnasium loop: reset with the episode seed, random actions, step to the end."""
+    spec = config.env_spec("FrozenLake")
+    env = make_env(spec.env_id, spec.env_config)
+    trajs = steps = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        seed = episode_seed(config.seed, "train", trajs % 128, trajs // 128)
+        actions = random.Random(seed)
+        env.reset(seed=seed)
+        done = False
+        while not done:
+            _, _, term, trunc, _ = env.step(actions.randrange(4))
+            steps += 1
+            done = term or trunc
+        trajs += 1
+    elapsed = time.perf_counter() - started
+    return trajs / elapsed, steps / elapsed
+
+
+def plain_rollout_loop(config: RolloutConfig, seconds: float) -> tuple[float, float]:
+    """The producers' episode code (trajectory messages built), in one process, no queue."""
+    spec = config.env_spec("FrozenLake")
+    slot = EnvSlot(mode="train", env_id=0, group_id=0, member=0, shard=0, tag="FrozenLake",
+                   env=make_env(spec.env_id, spec.env_config))
+    policy = RandomPolicy()
+
+    async def loop() -> tuple[int, int]:
+        trajs = steps = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            slot.group_id, slot.k = trajs % 128, trajs // 128
+            traj = await play_episode(slot, seed=config.seed, producer_id="plain", policy=policy,
+                                      version=lambda: 0, ready=lambda: True, gate=_open_gate)
+            trajs += 1
+            steps += traj["num_actions"]
+        return trajs, steps
+
+    started = time.perf_counter()
+    trajs, steps = asyncio.run(loop())
+    elapsed = time.perf_counter() - started
+    return trajs / elapsed, steps / elapsed
+
+
+async def _open_gate() -> bool:
+    return True
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_cpu_s(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
+             warmup_batches: int) -> dict[str, float]:
+    client = redis.Redis.from_url(url, socket_timeout=30)
+    run = f"bench-{os.getpid()}"
+    batcher = Batcher(client, config, run=run)
+    procs = start_producers(url, run, producers, "WARNING")
+    try:
+        for _ in range(warmup_batches):
+            batch = batcher.get_batch("train", timeout_s=120)
+            batcher.ack(batch)
+            batcher.publish_version()
+        trajs = steps = batches = 0
+        waits: list[float] = []
+        latencies: list[float] = []
+        peak_rss = 0.0
+        cpu0 = ([cpu_s(p.pid) for p in procs], time.process_time(), redis_cpu_s(client))
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            batch = batcher.get_batch("train", timeout_s=120)
+            now = time.time()
+            waits.append(batch.metrics["time/get_batch_cost"])
+            latencies += [now - t["finished_at"] for t in batch.trajectories]
+            trajs += len(batch)
+            steps += int(batch.num_actions.sum())
+            batches += 1
+            batcher.ack(batch)
+            batcher.publish_version()
+            peak_rss = max(peak_rss, sum(rss_mb(p.pid) for p in procs))
+        elapsed = time.perf_counter() - started
+        per_k = 1000 / max(1, trajs)
+        producer_cpu = sum(cpu_s(p.pid) for p in procs) - sum(cpu0[0])
+        memory = client.info("memory")
+        return {
+            "traj_s": trajs / elapsed, "steps_s": steps / elapsed, "batches": batches,
+            "wait_p50": float(np.percentile(waits, 50)), "wait_p99": float(np.percentile(waits,
+                                                                                        99)),
+            "lat_p50": float(np.percentile(latencies, 50)),
+            "lat_p99": float(np.percentile(latencies, 99)),
+            "stale": batcher.totals.get("scheduler/stale_dropped", 0.0),
+            "redis_mb": memory["used_memory_peak"] / 2**20,
+            "producers_rss_mb": peak_rss, "trainer_rss_mb": rss_mb(os.getpid()),
+            "cpu_producers": producer_cpu * per_k,
+            "cpu_trainer": (time.process_time() - cpu0[1]) * per_k,
+            "cpu_redis": (redis_cpu_s(client) - cpu0[2]) * per_k,
+        }
+    finally:
+        batcher.stop_run()
+        stop_processes(procs)
+        for key in client.scan_iter(match="{" + run + "}:*", count=1000):
+            client.delete(key)
+        client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--producers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--ratio", type=int, default=1, help="async_generation_ratio")
+    parser.add_argument("--latency-s", type=float, default=0.0,
+                        help="simulated model latency per action")
+    parser.add_argument("--warmup-batches", type=int, default=2)
+    parser.add_argument("--redis-url", default=None, help="default: an embedded server")
+    args = parser.parse_args()
+    config = bench_config(args.ratio, args.latency_s)
+
+    env_traj, env_steps = plain_env_loop(config, args.seconds / 2)
+    roll_traj, roll_steps = plain_rollout_loop(config, args.seconds / 2)
+    print(f"plain env loop (1 process, no queue):       {env_traj:9.0f} traj/s "
+          f"{env_steps:9.0f} steps/s")
+    print(f"plain rollout code (1 process, no queue):   {roll_traj:9.0f} traj/s "
+          f"{roll_steps:9.0f} steps/s")
+    if args.redis_url:
+        result = pipeline(config, args.redis_url, args.producers, args.seconds,
+                          args.warmup_batches)
+    else:
+        with EmbeddedRedis() as server:
+            result = pipeline(config, server.url, args.producers, args.seconds,
+                              args.warmup_batches)
+    mode = "sync" if args.ratio == 0 else f"async ratio {args.ratio}"
+    print(f"pipeline ({args.producers} producers, {mode}):        {result['traj_s']:9.0f} traj/s "
+          f"{result['steps_s']:9.0f} steps/s  ({result['batches']:.0f} batches of 1024)")
+    print(f"  pipeline / plain env loop: {result['traj_s'] / env_traj:.2f}x trajectories/s")
+    print(f"  batch wait p50 {result['wait_p50'] * 1000:.0f} ms  p99 "
+          f"{result['wait_p99'] * 1000:.0f} ms; trajectory commit->trainer p50 "
+          f"{result['lat_p50'] * 1000:.0f} ms  p99 {result['lat_p99'] * 1000:.0f} ms")
+    print(f"  stale dropped {result['stale']:.0f}; memory: redis peak "
+          f"{result['redis_mb']:.1f} MB, producers RSS {result['producers_rss_mb']:.0f} MB, "
+          f"trainer RSS {result['trainer_rss_mb']:.0f} MB")
+    print(f"  CPU seconds per 1000 trajectories: producers {result['cpu_producers']:.3f}, "
+          f"trainer (batcher) {result['cpu_trainer']:.3f}, redis {result['cpu_redis']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""Real producer processes and real signals: shard split, SIGTERM, SIGKILL, `rollstream up`."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from helpers import small_config, wait_for
+
+from consumer import Batcher
+from producers.envs import make_env
+from producers.policies import StepContext
+from producers.policies.random import RandomPolicy
+from schemas.keys import Keys
+from schemas.seeding import episode_seed
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def lease_owners(r, keys: Keys, config) -> dict[tuple[str, int], str | None]:
+    shards = [(m, s) for m in config.modes() for s in range(config.manager(m).num_shards)]
+    values = r.mget([keys.lease(m, s) for m, s in shards])
+    return {shard: v.decode() if v else None for shard, v in zip(shards, values, strict=True)}
+
+
+def spread_config(**overrides):
+    """8 train groups of 4 in 8 shards, plus one val shard: 9 shards to split."""
+    base = dict(rollout_batch_size=32,
+                train_env_manager={"max_env_num_per_worker": 4, "num_env_groups": 8},
+                val_env_manager={"num_env_groups": 4})
+    base.update(overrides)
+    return small_config(**base)
+
+
+def test_two_producer_processes_split_the_shards_without_overlap(r, run, producer_process):
+    config = spread_config()
+    keys = Keys(run)
+    batcher = Batcher(r, config, run=run)
+    producer_process()
+    producer_process()
+    total = 9
+
+    def balanced():
+        owners = Counter(lease_owners(r, keys, config).values())
+        return None not in owners and len(owners) == 2 and max(owners.values()) <= math.ceil(
+            total / 2)
+
+    wait_for(balanced, timeout_s=30, what="two producers to hold all shards, balanced")
+    seen: set[str] = set()
+    for step in range(3):
+        batch = batcher.get_batch("train", timeout_s=30)
+        assert set(batch.episode_ids.tolist()) == {step}
+        assert not seen & set(batch.traj_ids)
+        seen |= set(batch.traj_ids)
+        assert len(set(batch.traj_ids)) == 32
+        batcher.ack(batch)
+        batcher.publish_version()
+    producers_seen = {t["producer"] for t in batch.trajectories}
+    assert len(producers_seen) == 2
+
+
+def test_sigterm_exits_zero_and_releases_leases(r, run, producer_process):
+    config = spread_config()
+    keys = Keys(run)
+    Batcher(r, config, run=run)
+    proc = producer_process()
+    wait_for(lambda: all(lease_owners(r, keys, config).values()), timeout_s=30,
+             what="the producer to lease every shard")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert set(lease_owners(r, keys, config).values()) == {None}
+    assert r.zcard(keys.producers) == 0
+    assert "leases released" in out
+
+
+def replay_actions(config, traj) -> list[int]:
+    """Play a trajectory's episode again here, as a fresh producer would."""
+    spec = config.env_spec(traj["tag"])
+    env = make_env(spec.env_id, spec.env_config)
+    seed = episode_seed(config.seed, traj["mode"], traj["group_id"], traj["episode_id"])
+    ctx = StepContext(env=env, seed=seed, version=0,
+                      mode=traj["mode"], group_id=traj["group_id"],
+                      episode_id=traj["episode_id"], member=traj["member"], tag=traj["tag"])
+    policy = RandomPolicy()
+    obs, _ = env.reset(seed=seed)
+    actions: list[int] = []
+    done = False
+    while not done:
+        action, _ = asyncio.run(policy.act(obs, ctx))
+        obs, _, term, trunc, _ = env.step(action)
+        actions.append(action)
+        done = term or trunc
+    return actions
+
+
+def test_sigkill_mid_episode_loses_nothing_and_doubles_nothing(r, run, producer_process):
+    # sync, every group in every batch: step s must deliver exactly episode s of every env
+    config = spread_config(policy={"type": "random", "latency_s": 0.05}, lease_ttl_s=1.0)
+    keys = Keys(run)
+    batcher = Batcher(r, config, run=run)
+    victim = producer_process()
+    survivor = producer_process()
+    wait_for(lambda: len(set(lease_owners(r, keys, config).values()) - {None}) == 2
+             and None not in lease_owners(r, keys, config).values(),
+             timeout_s=30, what="both producers to hold shards")
+    victim_tag = f"-{victim.pid}-"
+    victim_shards = {shard for shard, owner in lease_owners(r, keys, config).items()
+                     if owner and victim_tag in owner}
+    assert victim_shards
+    delivered: list[str] = []
+    for step in range(4):
+        if step == 1:
+            # the pause is lifted as get_batch starts; kill while episodes are in flight
+            threading.Timer(0.12, os.kill, (victim.pid, signal.SIGKILL)).start()
+        batch = batcher.get_batch("train", timeout_s=40)
+        assert set(batch.episode_ids.tolist()) == {step}
+        assert len(batch) == 32 and len(set(batch.traj_ids)) == 32
+        delivered += batch.traj_ids
+        for traj in batch.trajectories:  # replays play the same episode
+            assert [s["action"] for s in traj["steps"]] == replay_actions(config, traj)
+        batcher.ack(batch)
+        batcher.publish_version()
+    victim.wait(10)
+    assert victim.returncode == -signal.SIGKILL
+    assert len(delivered) == len(set(delivered)) == 4 * 32
+    owners = lease_owners(r, keys, config)
+    assert all(owners[shard] and victim_tag not in owners[shard] for shard in victim_shards)
+    assert {t["producer"] for t in batch.trajectories} == {owners[("train", 0)]}
+    assert all(r.xlen(keys.stream("train", g)) == 0 for g in range(8))
+    survivor.send_signal(signal.SIGTERM)
+    survivor.communicate(timeout=30)
+    assert survivor.returncode == 0
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rollstream", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=timeout, env=env)
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if k not in ("ROLLSTREAM_REDIS_URL", "REDIS_URL", "ROLLSTREAM_RUN")}
+
+
+def test_rollstream_up_two_steps_on_the_embedded_server():
+    out = cli("up", "--config", "configs/frozenlake_sync.yaml", "--steps", "2",
+              env=clean_env())
+    assert out.returncode == 0, out.stderr
+    steps = [line for line in out.stdout.splitlines() if line.startswith("step")]
+    assert len(steps) == 2 and "trajs   128" in steps[0]
+    sock = re.search(r"at unix://(\S+)/redis.sock", out.stdout)
+    assert sock, out.stdout
+    assert not Path(sock.group(1)).exists()  # the embedded server's folder is gone
+    ps = subprocess.run(["pgrep", "-f", sock.group(1)], capture_output=True, text=True)
+    assert ps.stdout == ""
+
+
+def test_rollstream_up_with_a_url_leaves_no_producer_behind(r, run, redis_url):
+    out = cli("up", "--config", "configs/frozenlake_async.yaml", "--steps", "3",
+              "--redis-url", redis_url, "--run", run, "--producers", "2", env=clean_env())
+    assert out.returncode == 0, out.stderr
+    assert len([x for x in out.stdout.splitlines() if x.startswith("step")]) == 3
+    keys = Keys(run)
+    assert r.zcard(keys.producers) == 0
+    assert not list(r.scan_iter(match=keys.prefix + ":lease:*"))
+    assert r.get(keys.version) == b"3"
+
+
+def test_ctrl_c_stops_up_and_every_process(run):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollstream", "up", "--config", "configs/frozenlake_sync.yaml",
+         "--run", run, "--train-step-s", "0.2"], cwd=ROOT, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines = []
+    while len([x for x in lines if x.startswith("step")]) < 2:
+        line = proc.stdout.readline()
+        assert line, "up exited early"
+        lines.append(line)
+    sock = re.search(r"at unix://(\S+)/redis.sock", "".join(lines))
+    assert sock
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "interrupted" in out
+    assert "Traceback" not in err
+    time.sleep(0.2)
+    ps = subprocess.run(["pgrep", "-f", f"--run {run}"], capture_output=True, text=True)
+    assert ps.stdout == ""
+    assert not Path(sock.group(1)).exists()
