@@ -131,7 +131,7 @@ class Batcher:
         keys = self.keys
         old = self.redis.get(keys.config)
         new = self.config.to_json()
-        if old is not None and old.decode() != new:
+        if old is not None and _text(old) != new:
             logger.warning("run %s: replacing its published config; restart the producers so "
                            "they read the new one", keys.run)
         pipe = self.redis.pipeline(transaction=True)
@@ -240,13 +240,13 @@ class Batcher:
     def _recover(self, state: ModeState) -> None:
         """After a restart: this consumer's pending entries, then a dead consumer's."""
         raw = self.redis.get(self.keys.inflight(state.mode, self.consumer))
-        inflight = {Entry(s, i) for s, i in unpack(raw)} if raw else set()
+        inflight = {Entry(s, i) for s, i in unpack(_bytes(raw))} if raw else set()
         self._read_pending(state, inflight)
         self._reclaim(state)
         state.recovered = True
 
     def _read_pending(self, state: ModeState, inflight: set[Entry]) -> None:
-        cursors = {stream: "0" for stream in state.streams}
+        cursors: dict[Any, Any] = {stream: "0" for stream in state.streams}
         while cursors:
             reply = self.redis.xreadgroup(CONSUMER_GROUP, self.consumer, cursors,
                                           count=self.read_count)
@@ -472,6 +472,10 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
 
 
 def _text(value: Any) -> str:

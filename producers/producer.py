@@ -239,12 +239,12 @@ class Producer:
             for shard in active[target:]:
                 self.shards[shard].draining = True
                 self.state.wake_all()
-        elif len(active) < target and not self._stop.is_set():
+        elif len(active) < target and not self._stopping:
             await self._claim(target - len(active))
 
     async def _claim(self, wanted: int) -> None:
         for shard in claim_order(self.all_shards(), self.producer_id):
-            if wanted <= 0 or self._stop.is_set():
+            if wanted <= 0 or self._stopping:
                 return
             if shard in self.shards:
                 continue

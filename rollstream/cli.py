@@ -181,7 +181,7 @@ def _admin(args: argparse.Namespace) -> int:
         else:
             client.srem(keys.pause, "operator")
         client.publish(keys.control, b"pause")
-        reasons = sorted(r.decode() for r in client.smembers(keys.pause))
+        reasons = sorted(_text(r) for r in client.smembers(keys.pause))
         print(f"run {keys.run}: pause reasons {reasons or 'none'}")
         return 0
     return _status(client, keys)
@@ -195,7 +195,7 @@ def _status(client: redis.Redis, keys: Keys) -> int:
     config = RolloutConfig.from_json(raw)
     print(f"run {keys.run}: version {int(client.get(keys.version) or 0)}, "
           f"val round {int(client.get(keys.val_round) or 0)}, pause reasons "
-          f"{sorted(r.decode() for r in client.smembers(keys.pause)) or 'none'}, "
+          f"{sorted(_text(r) for r in client.smembers(keys.pause)) or 'none'}, "
           f"producers {client.zcard(keys.producers)}")
     for mode in config.modes():
         manager = config.manager(mode)
@@ -210,6 +210,10 @@ def _status(client: redis.Redis, keys: Keys) -> int:
         print(f"  {mode}: {backlog} entries in streams, {held}/{manager.num_shards} shards "
               f"leased, consumer group {CONSUMER_GROUP!r}")
     return 0
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 if __name__ == "__main__":

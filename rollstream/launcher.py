@@ -71,11 +71,11 @@ def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 15.0) -> li
     return [proc.returncode for proc in procs]
 
 
-def format_step(step: int, batch: Batch) -> str:
+def format_step(label: str, batch: Batch) -> str:
     m = batch.metrics
     tags = " ".join(f"{name.split('/')[1]}={value:.2f}" for name, value in sorted(m.items())
                     if name.startswith("env/") and name.endswith("/success"))
-    return (f"step {step:>4}  v{batch.version:<4} wait {m['time/get_batch_cost']:6.2f}s  "
+    return (f"{label:<9} v{batch.version:<4} wait {m['time/get_batch_cost']:6.2f}s  "
             f"trajs {len(batch):>5}  success {tags}  "
             f"stale_dropped {int(m.get('scheduler/stale_dropped', 0))}  "
             f"staleness_max {int(m.get('scheduler/staleness/max', 0))}")
@@ -93,11 +93,11 @@ def trainer_loop(batcher: Batcher, opts: UpOptions, out: TextIO) -> int:
             time.sleep(opts.train_step_s)  # stand-in for the policy update
         batcher.ack(batch)
         batcher.publish_version()
-        print(format_step(step, batch), file=out, flush=True)
+        print(format_step(f"step {step}", batch), file=out, flush=True)
         step += 1
         if opts.val_every and step % opts.val_every == 0:
             val = batcher.get_batch("val", timeout_s=opts.timeout_s)
-            print("  val " + format_step(step, val).split("  ", 2)[2], file=out, flush=True)
+            print(format_step("  val", val), file=out, flush=True)
     return step
 
 
