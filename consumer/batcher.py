@@ -22,6 +22,7 @@ from typing import Any
 import redis as redis_lib
 
 from consumer.batch import Batch, Entry, batch_metrics
+from schemas.backoff import Backoff
 from schemas.codec import ENTRY_FIELD, decode_trajectory, pack, unpack
 from schemas.config import RolloutConfig
 from schemas.errors import BatchTimeout, ConfigError, DecodeError
@@ -64,7 +65,10 @@ class ModeState:
     recovered: bool = False
     rotate: int = 0
     round: int = 0
+    round_started: bool = False  # this get_batch("val") call has started its round
     seq: int = 0
+    held: set[Entry] = field(default_factory=set)  # entries sorted into groups in memory
+    handed: set[Entry] = field(default_factory=set)  # entries handed out, not yet acked
 
 
 class Batcher:
@@ -163,9 +167,29 @@ class Batcher:
         wanted = n // state.group_size
         started = time.monotonic()
         deadline = started + timeout_s
-        if mode == "train":
+        backoff = Backoff(name=f"batcher {self.consumer}")
+        state.round_started = False
+        while True:
+            try:
+                return self._get_batch(state, n, wanted, started, deadline, timeout_s)
+            except redis_lib.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                logger.warning("consumer groups missing (Redis lost its data?); recreating")
+                self._create_groups()
+            except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
+                state.recovered = False  # a read may have been delivered and lost: re-read
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise BatchTimeout(f"get_batch(mode={mode!r}) timed out after "
+                                       f"{timeout_s:g}s: Redis unreachable: {exc}") from None
+                backoff.sleep_sync(f"read failed: {exc}", max_s=remaining)
+
+    def _get_batch(self, state: ModeState, n: int, wanted: int, started: float,
+                   deadline: float, timeout_s: float) -> Batch:
+        if state.mode == "train":
             self._set_pause("sync", False)
-        else:
+        elif not state.round_started:
             self._start_val_round(state)
         self.version = int(self.redis.get(self.keys.version) or 0)
         with _gc_paused():
@@ -180,7 +204,7 @@ class Batcher:
                 if time.monotonic() - self._last_claim > self.claim_idle_ms / 1000:
                     self._reclaim(state)
             batch = self._hand_out(state, wanted, time.monotonic() - started)
-        if mode == "train" and self.config.is_sync:
+        if state.mode == "train" and self.config.is_sync:
             self._set_pause("sync", True)
         return batch
 
@@ -190,6 +214,7 @@ class Batcher:
         self._queue_drop(pipe, batch.entries)
         pipe.delete(self.keys.inflight(batch.mode, self.consumer))
         pipe.execute()
+        self._states[batch.mode].handed.difference_update(batch.entries)
 
     def publish_version(self, weights: bytes | None = None) -> int:
         """Version + 1 (and optional policy weights for it); wakes the producers."""
@@ -233,6 +258,7 @@ class Batcher:
         pipe.incr(self.keys.val_round)
         pipe.delete(self.keys.cursor("val"))
         state.round = int(pipe.execute()[0])
+        state.round_started = True
         self.redis.publish(self.keys.control, b"val_round")
         old = [slot for key, slot in state.groups.items() if key[0] != state.round]
         self._drop_groups(state, old, counter=None)
@@ -322,6 +348,8 @@ class Batcher:
     def _place(self, state: ModeState, entry: Entry, msg: dict[str, Any],
                priority: bool) -> list[Entry]:
         """Add one trajectory to its group; returns entries to drop at once."""
+        if entry in state.held or entry in state.handed:
+            return []  # read again from the pending list: already ours
         g, k, rnd = msg["group_id"], msg["episode_id"], int(msg.get("round", 0))
         if state.mode == "val" and rnd != state.round:
             self._count(state, "scheduler/val_discarded")
@@ -341,6 +369,7 @@ class Batcher:
         if len(slot.members) >= state.group_size or msg["member"] in slot.members:
             self._count(state, "scheduler/late_dropped")
             return [entry]  # redundancy: the first group_size finishers won; or a duplicate
+        state.held.add(entry)
         if msg.get("failed"):
             slot.failed.append(entry)
             if state.members - len(slot.failed) < state.group_size:
@@ -386,6 +415,7 @@ class Batcher:
         rnd, k, g = slot.key
         state.groups.pop(slot.key, None)
         state.finished[g].add((rnd, k))
+        state.held.difference_update(slot.entries())
 
     def _ready_count(self, state: ModeState) -> int:
         while state.ready and state.ready[0][3] not in state.groups:
@@ -393,33 +423,47 @@ class Batcher:
         return sum(1 for item in state.ready if item[3] in state.groups)
 
     def _hand_out(self, state: ModeState, wanted: int, wait_s: float) -> Batch:
+        chosen: list[tuple[tuple[int, int, int, GroupKey], GroupSlot]] = []
+        while len(chosen) < wanted:
+            item = heapq.heappop(state.ready)
+            slot = state.groups.get(item[3])
+            if slot is not None:
+                chosen.append((item, slot))
         trajs: list[dict[str, Any]] = []
         entries: list[Entry] = []
-        while len(trajs) < wanted * state.group_size:
-            *_, key = heapq.heappop(state.ready)
-            slot = state.groups.get(key)
-            if slot is None:
-                continue
+        for _, slot in chosen:
             members = sorted(slot.members.items())
             trajs += [msg for _, (_, msg) in members]
             entries += [entry for _, (entry, _) in members]
-            late = slot.failed
+        if state.mode == "train":
+            try:  # recorded first, so a restarted Batcher hands out this very batch again
+                self.redis.set(self.keys.inflight(state.mode, self.consumer),
+                               pack([[e.stream, e.entry_id] for e in entries]))
+            except redis_lib.RedisError:
+                for item, _ in chosen:
+                    heapq.heappush(state.ready, item)
+                raise
+        late: list[Entry] = []
+        for _, slot in chosen:
+            late += slot.failed
             self._finish(state, slot)
-            if late:
-                pipe = self.redis.pipeline(transaction=False)
-                self._queue_drop(pipe, late)
-                pipe.execute()
+        state.handed.update(entries)
         counters = dict(state.counters)
         state.counters.clear()
         metrics = batch_metrics(trajs, self.version, counters, wait_s)
         for name in ("scheduler/stale_dropped", "scheduler/failed_groups"):
             metrics.setdefault(name, 0.0)
         batch = Batch(state.mode, self.version, trajs, entries, metrics, round=state.round)
-        if state.mode == "val":
-            self.ack(batch)  # a val round can be asked for again; nothing to redeliver
-        else:
-            self.redis.set(self.keys.inflight(state.mode, self.consumer),
-                           pack([[e.stream, e.entry_id] for e in entries]))
+        try:
+            if late:
+                pipe = self.redis.pipeline(transaction=False)
+                self._queue_drop(pipe, late)
+                pipe.execute()
+            if state.mode == "val":
+                self.ack(batch)  # a val round can be asked for again; nothing to redeliver
+        except redis_lib.RedisError as exc:  # they stay pending; a restart cleans them up
+            logger.warning("could not drop %d handed-out %s entries: %s", len(late), state.mode,
+                           exc)
         return batch
 
     # -- helpers -------------------------------------------------------------------------------

@@ -40,7 +40,10 @@ def find_redis_server() -> str:
 
 
 def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when its parent dies (Linux), so no orphan stays."""
+    """preexec_fn: the child gets SIGTERM when its parent dies (Linux), so no orphan stays.
+
+    Linux ties this to the *thread* that started the child: start children from a thread
+    that lives as long as they should (the main thread, in the launcher)."""
     try:
         import ctypes
 
@@ -51,20 +54,28 @@ def die_with_parent() -> None:
 
 
 class EmbeddedRedis:
-    """`with EmbeddedRedis() as server: server.url` -> a unix:// URL of a fresh server."""
+    """`with EmbeddedRedis() as server: server.url` -> a unix:// URL of a fresh server.
 
-    def __init__(self, start_timeout_s: float = 10.0):
+    `appendonly=True` turns on the AOF with an fsync per write, so a server killed and started
+    again on the same folder (`kill()`, then `start()`) keeps every acknowledged write.
+    """
+
+    def __init__(self, start_timeout_s: float = 10.0, *, appendonly: bool = False):
         self.start_timeout_s = start_timeout_s
+        self.appendonly = appendonly
         self.process: subprocess.Popen[bytes] | None = None
         self.dir: str | None = None
         self.url = ""
 
     def start(self) -> str:
         binary = find_redis_server()
-        self.dir = tempfile.mkdtemp(prefix="rollstream-redis-")
+        if self.dir is None:
+            self.dir = tempfile.mkdtemp(prefix="rollstream-redis-")
         sock = os.path.join(self.dir, "redis.sock")
+        persistence = (["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly
+                       else ["--appendonly", "no"])
         args = [binary, "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
-                "--save", "", "--appendonly", "no", "--dir", self.dir,
+                "--save", "", *persistence, "--dir", self.dir,
                 "--logfile", os.path.join(self.dir, "redis.log")]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
@@ -92,6 +103,13 @@ class EmbeddedRedis:
         tail = log.read_text(errors="replace")[-500:] if log.exists() else ""
         self.stop()
         raise RedisSetupError(f"embedded redis-server did not start: {tail.strip()}")
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash); its folder stays for a `start()` again."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(5)
+            self.process = None
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

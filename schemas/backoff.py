@@ -34,7 +34,9 @@ class Backoff:
         logger.warning("%s: %s; retrying in %.2fs", self.name, reason, delay)
         await asyncio.sleep(delay)
 
-    def sleep_sync(self, reason: str) -> None:
+    def sleep_sync(self, reason: str, max_s: float | None = None) -> None:
         delay = self.next_delay()
+        if max_s is not None:
+            delay = max(0.0, min(delay, max_s))
         logger.warning("%s: %s; retrying in %.2fs", self.name, reason, delay)
         time.sleep(delay)

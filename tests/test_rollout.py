@@ -9,7 +9,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from helpers import BROKEN_ENV_ID, small_config
+from helpers import BROKEN_ENV_ID, small_config, wait_for
 
 from consumer import Batcher
 from producers.policies import StepContext
@@ -250,3 +250,37 @@ def test_failing_env_drops_its_group_and_counts_it(r, run, producer_thread):
         batcher.ack(batch)
         batcher.publish_version()
     assert batcher.totals["scheduler/failed_groups"] >= 1
+
+
+def test_any_gymnasium_env_runs_through_the_producers(r, run, producer_thread):
+    import numpy as np
+
+    config = small_config(custom_envs={"Pole": {"env_id": "CartPole-v1"}},
+                          train_env_manager={"tags": ["Pole", "FrozenLake"],
+                                             "num_groups_partition": [2, 2]})
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    batch = batcher.get_batch("train", timeout_s=20)
+    poles = [t for t in batch.trajectories if t["tag"] == "Pole"]
+    assert len(poles) == 8
+    obs = poles[0]["steps"][0]["observation"]
+    assert isinstance(obs, np.ndarray) and obs.dtype == np.float32 and obs.shape == (4,)
+    assert all(isinstance(s["action"], int) for t in poles for s in t["steps"])
+    assert batch.metrics["env/Pole/num_actions"] > 1
+    lake = [t for t in batch.trajectories if t["tag"] == "FrozenLake"]
+    assert isinstance(lake[0]["steps"][0]["observation"], str)
+
+
+def test_max_shards_caps_what_a_producer_holds(r, run, producer_thread):
+    config = small_config(rollout_batch_size=4,
+                          train_env_manager={"max_env_num_per_worker": 4})  # 4 + 1 shards
+    keys = Keys(run)
+    Batcher(r, config, run=run)
+    producer_thread(max_shards=2)
+
+    def held():
+        return [k for k in r.scan_iter(match=keys.prefix + ":lease:*")]
+
+    wait_for(lambda: len(held()) == 2, what="two leases")
+    time.sleep(1.0)  # more heartbeats: still two
+    assert len(held()) == 2
