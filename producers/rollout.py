@@ -115,19 +115,8 @@ async def play_episode(
         score += float(reward)
         observation = next_obs
 
-    group_key, traj_key = traj_ids(slot.mode, slot.group_id, k, slot.member)
     return {
-        "schema": SCHEMA_VERSION,
-        "traj_id": traj_key,
-        "traj_group_id": group_key,
-        "mode": slot.mode,
-        "round": slot.round,
-        "group_id": slot.group_id,
-        "episode_id": k,
-        "member": slot.member,
-        "env_id": slot.env_id,
-        "tag": slot.tag,
-        "seed": env_seed,
+        **_identity(slot, k, env_seed, producer_id),
         "version_start": version_start if version_start is not None else version(),
         "version_end": steps[-1]["version"] if steps else version(),
         "episode_score": score,
@@ -141,15 +130,13 @@ async def play_episode(
         "env_time_s": env_s,
         "policy_time_s": policy_s,
         "wall_time_s": time.perf_counter() - started,
-        "producer": producer_id,
         "finished_at": time.time(),
     }
 
 
-def failed_trajectory(slot: EnvSlot, *, seed: int, producer_id: str, version: int,
-                      error: str) -> dict[str, Any]:
-    """The message a member commits when its env keeps raising: its group gets dropped."""
-    group_key, traj_key = traj_ids(slot.mode, slot.group_id, slot.k, slot.member)
+def _identity(slot: EnvSlot, k: int, env_seed: int, producer_id: str) -> dict[str, Any]:
+    """The fields that say which episode of which env a message is."""
+    group_key, traj_key = traj_ids(slot.mode, slot.group_id, k, slot.member)
     return {
         "schema": SCHEMA_VERSION,
         "traj_id": traj_key,
@@ -157,11 +144,21 @@ def failed_trajectory(slot: EnvSlot, *, seed: int, producer_id: str, version: in
         "mode": slot.mode,
         "round": slot.round,
         "group_id": slot.group_id,
-        "episode_id": slot.k,
+        "episode_id": k,
         "member": slot.member,
         "env_id": slot.env_id,
         "tag": slot.tag,
-        "seed": episode_seed(seed, slot.mode, slot.group_id, slot.k),
+        "seed": env_seed,
+        "producer": producer_id,
+    }
+
+
+def failed_trajectory(slot: EnvSlot, *, seed: int, producer_id: str, version: int,
+                      error: str) -> dict[str, Any]:
+    """The message a member commits when its env keeps raising: its group gets dropped."""
+    env_seed = episode_seed(seed, slot.mode, slot.group_id, slot.k)
+    return {
+        **_identity(slot, slot.k, env_seed, producer_id),
         "version_start": version,
         "version_end": version,
         "episode_score": 0.0,
@@ -175,6 +172,5 @@ def failed_trajectory(slot: EnvSlot, *, seed: int, producer_id: str, version: in
         "env_time_s": 0.0,
         "policy_time_s": 0.0,
         "wall_time_s": 0.0,
-        "producer": producer_id,
         "finished_at": time.time(),
     }
