@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -19,7 +20,10 @@ logger = logging.getLogger(__name__)
 
 
 class ControlState:
-    """Latest known control values; `await wait_change(timeout)` wakes on any change."""
+    """Latest known control values; `await wait_change()` wakes on any change.
+
+    Thousands of env tasks wait here, so a wait is a bare event wait, not a timer each: the
+    bound on every wait is the watcher's `wake_all()` every `wake_every_s` (and on stop)."""
 
     def __init__(self) -> None:
         self.version = 0
@@ -35,13 +39,9 @@ class ControlState:
             self._changed.set()
             self._changed = asyncio.Event()
 
-    async def wait_change(self, timeout_s: float) -> None:
-        """Return on the next change, or after `timeout_s` (every wait is bounded)."""
-        event = self._changed
-        try:
-            await asyncio.wait_for(event.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            pass
+    async def wait_change(self) -> None:
+        """Return on the next change, or at the watcher's next periodic wake."""
+        await self._changed.wait()
 
     def wake_all(self) -> None:
         self._changed.set()
@@ -51,11 +51,13 @@ class ControlState:
 class ControlWatcher:
     """Keeps a `ControlState` fresh from Redis."""
 
-    def __init__(self, redis: Redis, keys: Keys, state: ControlState, poll_interval_s: float = 0.2):
+    def __init__(self, redis: Redis, keys: Keys, state: ControlState, poll_interval_s: float = 0.2,
+                 wake_every_s: float = 2.0):
         self._redis = redis
         self._keys = keys
         self.state = state
         self.poll_interval_s = poll_interval_s
+        self.wake_every_s = wake_every_s
         self._poke = asyncio.Event()
 
     async def refresh(self) -> None:
@@ -75,8 +77,12 @@ class ControlWatcher:
 
     async def run(self, stop: asyncio.Event, backoff: Backoff) -> None:
         listener = asyncio.ensure_future(self._listen(stop))
+        last_wake = time.monotonic()
         try:
             while not stop.is_set():
+                if time.monotonic() - last_wake >= self.wake_every_s:
+                    self.state.wake_all()  # the bound on every env task's wait
+                    last_wake = time.monotonic()
                 try:
                     await self.refresh()
                     backoff.reset()

@@ -302,7 +302,7 @@ class Producer:
             version = state.version
             slot.k = max(slot.k, schedule.first_live(version))
             if state.paused or not schedule.admitted(slot.k, version):
-                await state.wait_change(1.0)
+                await state.wait_change()
                 continue
             if not await self._episode(run, slot):
                 return
@@ -315,7 +315,7 @@ class Producer:
             if current != slot.round:
                 slot.round, slot.k = current, 0
             if current == 0 or slot.k >= per_round:
-                await state.wait_change(1.0)
+                await state.wait_change()
                 continue
             if not await self._episode(run, slot):
                 return
@@ -342,7 +342,7 @@ class Producer:
                 return False
             if not state.paused:
                 return True
-            await state.wait_change(1.0)
+            await state.wait_change()
 
     async def _episode(self, run: ShardRun, slot: EnvSlot) -> bool:
         """Play and commit episode `slot.k`. False when the env task must end."""
