@@ -284,3 +284,39 @@ def test_max_shards_caps_what_a_producer_holds(r, run, producer_thread):
     wait_for(lambda: len(held()) == 2, what="two leases")
     time.sleep(1.0)  # more heartbeats: still two
     assert len(held()) == 2
+
+
+def test_redundant_members_first_finishers_win(r, run, producer_thread):
+    config = small_config(rollout_batch_size=8, async_generation_ratio=1,
+                          train_env_manager={"group_size": 2, "group_size_redundancy": 2,
+                                             "max_env_num_per_worker": 16})
+    assert config.train_env_manager.num_envs == 16  # 4 groups x (2 + 2 redundant)
+    batcher = Batcher(r, config, run=run)
+    producer_thread(policy=SlowMembersPolicy(slow={0, 1}, delay_s=0.05))
+    seen: set[str] = set()
+    for _ in range(3):
+        batch = batcher.get_batch("train", timeout_s=20)
+        assert len(batch) == 8
+        assert all(count == 2 for count in Counter(batch.traj_group_ids).values())
+        assert not seen & set(batch.traj_ids)
+        seen |= set(batch.traj_ids)
+        batcher.ack(batch)
+        batcher.publish_version()
+        time.sleep(0.2)
+    # members 0 and 1 are slow: 2 and 3 finish first and win every group
+    assert {int(t.rsplit("-", 1)[1]) for t in seen} == {2, 3}
+    wait_for(lambda: batcher.get_batch("train", timeout_s=20) and
+             batcher.totals["scheduler/late_dropped"] > 0, what="the losers to be dropped")
+
+
+class SlowMembersPolicy(RandomPolicy):
+    """Random actions; the members in `slow` take `delay_s` per action."""
+
+    def __init__(self, slow: set[int], delay_s: float):
+        super().__init__()
+        self.slow, self.delay_s = slow, delay_s
+
+    async def act(self, observation: Any, ctx: StepContext):
+        if ctx.member in self.slow:
+            await asyncio.sleep(self.delay_s)
+        return await super().act(observation, ctx)

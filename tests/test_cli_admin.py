@@ -1,0 +1,73 @@
+"""The operator commands and the bounded ways to finish, as real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import small_config
+
+from consumer import Batcher
+from schemas.keys import Keys
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ROLLSTREAM_REDIS_URL", "REDIS_URL", "ROLLSTREAM_RUN")}
+    return subprocess.run([sys.executable, "-m", "rollstream", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=timeout, env=env)
+
+
+def test_pause_resume_and_status(r, run, redis_url):
+    keys = Keys(run)
+    assert cli("status", "--redis-url", redis_url, "--run", run).returncode == 1  # no config
+    Batcher(r, small_config(), run=run)
+    out = cli("pause", "--redis-url", redis_url, "--run", run)
+    assert out.returncode == 0 and "['operator']" in out.stdout
+    assert r.smembers(keys.pause) == {b"operator"}
+    r.sadd(keys.pause, "sync")
+    out = cli("resume", "--redis-url", redis_url, "--run", run)
+    assert out.returncode == 0
+    assert r.smembers(keys.pause) == {b"sync"}  # each side removes only its own reason
+    status = cli("status", "--redis-url", redis_url, "--run", run)
+    assert status.returncode == 0
+    assert f"run {run}: version 0" in status.stdout and "['sync']" in status.stdout
+    assert "train: 0 entries in streams, 0/2 shards leased" in status.stdout
+
+
+def test_config_check_prints_the_layout(tmp_path):
+    out = cli("config", "check", "configs/frozenlake_async.yaml")
+    assert out.returncode == 0, out.stderr
+    assert "async, ratio 1, train batch 128" in out.stdout
+    assert "train: 128 envs, 16 groups of 8, 4 shards" in out.stdout
+    assert "FrozenLake: groups [0, 16)" in out.stdout
+
+
+@pytest.mark.slow
+def test_up_seconds_and_val_every(redis_url, run):
+    started = time.monotonic()
+    out = cli("up", "--config", "configs/frozenlake_sync.yaml", "--redis-url", redis_url,
+              "--run", run, "--seconds", "2", "--train-step-s", "0.1", "--val-every", "2")
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - started < 60
+    lines = out.stdout.splitlines()
+    steps = [x for x in lines if x.startswith("step")]
+    vals = [x for x in lines if x.strip().startswith("val")]
+    assert len(steps) >= 2 and len(vals) == len(steps) // 2
+    assert "trajs    32" in vals[0]  # one val round: 32 FrozenLake val envs
+
+
+@pytest.mark.slow
+def test_produce_seconds_exits_by_itself(r, run, redis_url):
+    Batcher(r, small_config(), run=run)
+    started = time.monotonic()
+    out = cli("produce", "--redis-url", redis_url, "--run", run, "--seconds", "1.5")
+    assert out.returncode == 0, out.stderr
+    assert 1.5 <= time.monotonic() - started < 30
+    assert r.zcard(Keys(run).producers) == 0
