@@ -103,6 +103,8 @@ class Batcher:
         self.keys = Keys(run)
         self.index, self.count = index, count
         self.consumer = consumer or f"batcher-{index}"
+        # each batcher pauses for itself: producers run only while every trainer waits
+        self.sync_reason = "sync" if count == 1 else f"sync-{index}"
         self.block_ms = self._fit_block(redis, block_ms)
         self.claim_idle_ms = claim_idle_ms
         self.read_count = read_count
@@ -188,7 +190,7 @@ class Batcher:
     def _get_batch(self, state: ModeState, n: int, wanted: int, started: float,
                    deadline: float, timeout_s: float) -> Batch:
         if state.mode == "train":
-            self._set_pause("sync", False)
+            self._set_pause(self.sync_reason, False)
         elif not state.round_started:
             self._start_val_round(state)
         self.version = int(self.redis.get(self.keys.version) or 0)
@@ -205,7 +207,7 @@ class Batcher:
                     self._reclaim(state)
             batch = self._hand_out(state, wanted, time.monotonic() - started)
         if state.mode == "train" and self.config.is_sync:
-            self._set_pause("sync", True)
+            self._set_pause(self.sync_reason, True)
         return batch
 
     def ack(self, batch: Batch) -> None:

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from producers.commit import Committer, Outcome
 from producers.control import ControlState, ControlWatcher
-from producers.envs import make_env
+from producers.envs import build_env
 from producers.leases import Leases, ShardId, claim_order, fair_share
 from producers.policies import Policy, make_policy
 from producers.rollout import Abandoned, EnvSlot, failed_trajectory, play_episode
@@ -93,6 +93,10 @@ class Producer:
             asyncio.run(self._main())
         except asyncio.CancelledError:
             logger.warning("producer %s: forced stop", self.producer_id)
+            return 1
+        except ConfigError as exc:
+            logger.error("producer %s: the published config cannot run: %s",
+                         self.producer_id, exc)
             return 1
         return 0
 
@@ -249,7 +253,11 @@ class Producer:
             if shard in self.shards:
                 continue
             if await self.leases.try_claim(shard):
-                await self._start_shard(shard)
+                try:
+                    await self._start_shard(shard)
+                except BaseException:
+                    await self.leases.release([shard])  # not ours to keep if it cannot run
+                    raise
                 wanted -= 1
 
     async def _start_shard(self, shard: ShardId) -> None:
@@ -264,10 +272,9 @@ class Producer:
         for env_id, cursor in zip(env_ids, cursors, strict=True):
             group = manager.group_of_env(env_id)
             tag = manager.tag_of_group(group)
-            spec = self.config.env_spec(tag)
             slots.append(EnvSlot(
                 mode=mode, env_id=env_id, group_id=group, member=manager.member_of_env(env_id),
-                shard=index, tag=tag, env=make_env(spec.env_id, spec.env_config),
+                shard=index, tag=tag, env=build_env(self.config, tag),
                 k=int(cursor or 0), round=int(val_round or 0) if mode == "val" else 0,
             ))
         run = ShardRun(shard, slots)

@@ -121,8 +121,20 @@ def _dispatch(args: argparse.Namespace) -> int:
     return _admin(args)
 
 
+def _load_checked(path: str) -> RolloutConfig:
+    """The config, with one env of each tag built and reset (bad env settings fail here)."""
+    from producers.envs import check_envs
+
+    config = RolloutConfig.from_yaml(path)
+    try:
+        check_envs(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return config
+
+
 def _config_check(args: argparse.Namespace) -> int:
-    config = RolloutConfig.from_yaml(args.file)
+    config = _load_checked(args.file)
     layout = config.layout()
     if args.json:
         print(json.dumps(layout))
@@ -150,7 +162,7 @@ def _client(url: str | None) -> redis.Redis:
 def _up(args: argparse.Namespace) -> int:
     from rollstream.launcher import UpOptions, up
 
-    config = RolloutConfig.from_yaml(args.config)
+    config = _load_checked(args.config)
     url = resolve_redis_url(args.redis_url, config)
     if url:
         _client(url).close()  # checks the URL's form before anything starts

@@ -71,3 +71,30 @@ def test_produce_seconds_exits_by_itself(r, run, redis_url):
     assert out.returncode == 0, out.stderr
     assert 1.5 <= time.monotonic() - started < 30
     assert r.zcard(Keys(run).producers) == 0
+
+
+BAD_ENV = {"custom_envs": {"Big": {"env_type": "sokoban",
+                                   "env_config": {"dim_room": [3, 3], "num_boxes": 5}}},
+           "train_env_manager": {"tags": ["Big"]}}
+
+
+def test_bad_env_settings_fail_config_check_naming_the_tag(tmp_path):
+    import yaml
+
+    path = tmp_path / "bad_env.yaml"
+    path.write_text(yaml.safe_dump({**BAD_ENV, "train_env_manager": {
+        "max_env_num_per_worker": 4, "num_env_groups": 2, "group_size": 2, "tags": ["Big"]}}))
+    out = cli("config", "check", str(path))
+    assert out.returncode == 2
+    assert "custom_envs.Big: cannot make 'rollstream/Sokoban-v0'" in out.stderr
+    assert "no room for 5 boxes" in out.stderr
+
+
+def test_producer_exits_1_with_one_line_when_the_published_config_cannot_run(r, run,
+                                                                             redis_url):
+    Batcher(r, small_config(**BAD_ENV), run=run)
+    out = cli("produce", "--redis-url", redis_url, "--run", run)
+    assert out.returncode == 1
+    assert "the published config cannot run: custom_envs.Big" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not list(r.scan_iter(match=Keys(run).prefix + ":lease:*"))

@@ -233,7 +233,9 @@ def test_two_batchers_split_the_groups(r, run, producer_thread):
     odd = Batcher(r, config, run=run, index=1, count=2)
     producer_thread()
     assert set(even.get_batch("train", timeout_s=20).group_ids.tolist()) == {0, 2}
+    assert r.smembers(Keys(run).pause) == {b"sync-0"}  # each batcher pauses for itself
     assert set(odd.get_batch("train", timeout_s=20).group_ids.tolist()) == {1, 3}
+    assert r.smembers(Keys(run).pause) == {b"sync-0", b"sync-1"}
 
 
 def test_failing_env_drops_its_group_and_counts_it(r, run, producer_thread):

@@ -14,7 +14,9 @@ import gymnasium as gym
 from producers.envs.frozenlake import FrozenLakeEnv
 from producers.envs.sokoban import SokobanEnv
 from producers.envs.text import TextGridEnv, parse_answer
+from schemas.config import RolloutConfig
 from schemas.envspec import FROZENLAKE_ID, SOKOBAN_ID
+from schemas.errors import ConfigError
 
 __all__ = [
     "FROZENLAKE_ID",
@@ -22,6 +24,8 @@ __all__ = [
     "FrozenLakeEnv",
     "SokobanEnv",
     "TextGridEnv",
+    "build_env",
+    "check_envs",
     "is_text_env",
     "make_env",
     "parse_answer",
@@ -56,6 +60,31 @@ def make_env(env_id: str, env_config: dict[str, Any] | None = None) -> gym.Env:
         return gym.make(env_id, **kwargs)
     except gym.error.Error as exc:
         raise ValueError(f"cannot make env {env_id!r}: {exc}") from exc
+
+
+def build_env(config: RolloutConfig, tag: str) -> gym.Env:
+    """The env of a config tag; a failure is a `ConfigError` naming the tag and the cause."""
+    spec = config.env_spec(tag)
+    try:
+        return make_env(spec.env_id, spec.env_config)
+    except Exception as exc:  # an env's own constructor may raise anything
+        raise ConfigError(f"custom_envs.{tag}: cannot make {spec.env_id!r} with env_config "
+                          f"{spec.env_config}: {type(exc).__name__}: {exc}") from exc
+
+
+def check_envs(config: RolloutConfig) -> None:
+    """Build and reset one env of every tag the config uses: bad env settings fail here,
+    with the tag named, rather than in every producer."""
+    for mode in config.modes():
+        for tag in dict.fromkeys(config.manager(mode).tags):
+            env = build_env(config, tag)
+            try:
+                env.reset(seed=config.seed)
+            except Exception as exc:
+                raise ConfigError(f"custom_envs.{tag}: reset failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+            finally:
+                env.close()
 
 
 def is_text_env(env: gym.Env) -> bool:
