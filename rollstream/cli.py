@@ -2,6 +2,7 @@
 
     rollstream config check FILE [--json]      the env layout of a config
     rollstream up --config FILE [...]          Redis + producers + a trainer loop, locally
+    rollstream train --config FILE --redis-url URL [...]   only the trainer loop
     rollstream produce --redis-url URL --run NAME [--max-shards K]
     rollstream pause | resume                  the operator's pause of a run's train rollouts
     rollstream status                          version, pause, producers, stream backlog
@@ -43,18 +44,22 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the layout as JSON")
 
     up = sub.add_parser("up", help="run Redis, producers and a trainer loop here")
-    up.add_argument("--config", required=True, help="rollout config YAML")
-    _redis_args(up)
+    train = sub.add_parser("train", help="only the stand-in trainer loop; producers elsewhere")
+    for parser_ in (up, train):
+        parser_.add_argument("--config", required=True, help="rollout config YAML")
+        _redis_args(parser_)
+        parser_.add_argument("--steps", type=_positive_int, default=None,
+                             help="stop after N steps")
+        parser_.add_argument("--seconds", type=_positive_float, default=None,
+                             help="stop after S seconds")
+        parser_.add_argument("--train-step-s", type=_nonneg_float, default=0.0,
+                             help="seconds the stand-in train step takes")
+        parser_.add_argument("--timeout-s", type=_positive_float, default=120.0,
+                             help="give up when a batch takes longer than this")
+        parser_.add_argument("--val-every", type=_nonneg_int, default=0,
+                             help="run a val round every N train steps (0: never)")
     up.add_argument("--producers", type=_positive_int, default=None,
                     help="producer processes (default: enough for the shards, at most cores)")
-    up.add_argument("--steps", type=_positive_int, default=None, help="stop after N steps")
-    up.add_argument("--seconds", type=_positive_float, default=None, help="stop after S s")
-    up.add_argument("--train-step-s", type=_nonneg_float, default=0.0,
-                    help="seconds the stand-in train step takes")
-    up.add_argument("--timeout-s", type=_positive_float, default=120.0,
-                    help="give up when a batch takes longer than this")
-    up.add_argument("--val-every", type=_nonneg_int, default=0,
-                    help="run a val round every N train steps (0: never)")
 
     produce = sub.add_parser("produce", help="run a producer process")
     _redis_args(produce)
@@ -62,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="hold at most K shards")
     produce.add_argument("--seconds", type=_positive_float, default=None,
                          help="exit after S seconds")
+    produce.add_argument("--check", action="store_true",
+                         help="exit 0 if a producer of this host has a fresh heartbeat, else 1 "
+                              "(a healthcheck)")
 
     for name, text in (("pause", "pause train rollouts (reason: operator)"),
                        ("resume", "lift the operator's pause"),
@@ -114,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "config":
         return _config_check(args)
-    if args.command == "up":
+    if args.command in ("up", "train"):
         return _up(args)
     if args.command == "produce":
         return _produce(args)
@@ -160,28 +168,51 @@ def _client(url: str | None) -> redis.Redis:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from rollstream.launcher import UpOptions, up
+    from rollstream.launcher import UpOptions, train, up
 
     config = _load_checked(args.config)
     url = resolve_redis_url(args.redis_url, config)
-    if url:
+    if url or args.command == "train":
         _client(url).close()  # checks the URL's form before anything starts
     opts = UpOptions(config=config, redis_url=url, run=resolve_run(args.run, config),
-                     producers=args.producers, steps=args.steps, seconds=args.seconds,
-                     train_step_s=args.train_step_s, timeout_s=args.timeout_s,
-                     val_every=args.val_every, log_level=args.log_level)
-    return up(opts)
+                     producers=getattr(args, "producers", None), steps=args.steps,
+                     seconds=args.seconds, train_step_s=args.train_step_s,
+                     timeout_s=args.timeout_s, val_every=args.val_every,
+                     log_level=args.log_level)
+    return up(opts) if args.command == "up" else train(opts)
 
 
 def _produce(args: argparse.Namespace) -> int:
     from producers.producer import Producer
 
     url = resolve_redis_url(args.redis_url)
+    if args.check:
+        return _check_producer(_client(url), Keys(resolve_run(args.run)))
     _client(url).close()
     assert url is not None
     producer = Producer(url, resolve_run(args.run), max_shards=args.max_shards,
                         seconds=args.seconds)
     return producer.run()
+
+
+def _check_producer(client: redis.Redis, keys: Keys) -> int:
+    """Healthcheck: a producer id of this host with a heartbeat within one lease ttl."""
+    import socket
+
+    raw = client.get(keys.config)
+    if raw is None:
+        print(f"run {keys.run}: no config published yet")
+        return 1
+    ttl_ms = RolloutConfig.from_json(raw).lease_ttl_s * 1000
+    server_time: tuple[int, int] = client.time()  # type: ignore[assignment]
+    now_ms = server_time[0] * 1000 + server_time[1] // 1000
+    prefix = socket.gethostname() + "-"
+    beats: list[tuple[bytes, float]] = client.zrange(  # type: ignore[assignment]
+        keys.producers, 0, -1, withscores=True)
+    fresh = [_text(member) for member, score in beats
+             if _text(member).startswith(prefix) and now_ms - score <= ttl_ms]
+    print(f"run {keys.run}: {len(fresh)} live producer(s) on this host")
+    return 0 if fresh else 1
 
 
 def _admin(args: argparse.Namespace) -> int:

@@ -124,30 +124,54 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def train_session(client: redis.Redis, opts: UpOptions, header: str, out: TextIO) -> None:
+    """Publish the config, run the trainer loop, then tell the run's producers to stop."""
+    batcher = Batcher(client, opts.config, run=opts.run)
+    try:
+        print(header, file=out, flush=True)
+        steps = trainer_loop(batcher, opts, out)
+        print(f"done: {steps} steps", file=out, flush=True)
+    except KeyboardInterrupt:
+        print("interrupted; stopping", file=out, flush=True)
+    finally:
+        try:
+            batcher.stop_run()
+        except redis.RedisError as exc:
+            logger.warning("could not publish the stop: %s", exc)
+
+
+def _mode(config: RolloutConfig) -> str:
+    return f"{'sync' if config.is_sync else 'async'} (ratio {config.ratio})"
+
+
 def up(opts: UpOptions, out: TextIO = sys.stdout) -> int:
     """The whole run on this machine. Returns the exit status."""
     count = opts.producers or default_producers(opts.config)
-    procs: list[subprocess.Popen] = []
     with sigterm_as_interrupt(), redis_server(opts.redis_url) as url:
         client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
-        batcher = Batcher(client, opts.config, run=opts.run)
+        procs = start_producers(url, opts.run, count, opts.log_level)  # they await the config
         try:
-            procs = start_producers(url, opts.run, count, opts.log_level)
-            print(f"rollstream up: run {opts.run!r} at {url}, {count} producer(s), "
-                  f"{'sync' if opts.config.is_sync else 'async'} "
-                  f"(ratio {opts.config.ratio})", file=out, flush=True)
-            steps = trainer_loop(batcher, opts, out)
-            print(f"done: {steps} steps", file=out, flush=True)
-        except KeyboardInterrupt:
-            print("interrupted; stopping", file=out, flush=True)
+            header = (f"rollstream up: run {opts.run!r} at {url}, {count} producer(s), "
+                      f"{_mode(opts.config)}")
+            train_session(client, opts, header, out)
         finally:
-            try:
-                batcher.stop_run()
-            except redis.RedisError as exc:
-                logger.warning("could not publish the stop: %s", exc)
             codes = stop_processes(procs)
             client.close()
         bad = [c for c in codes if c not in (0, -signal.SIGTERM)]
         if bad:
             print(f"warning: producer exit codes {codes}", file=out, flush=True)
+    return 0
+
+
+def train(opts: UpOptions, out: TextIO = sys.stdout) -> int:
+    """Only the trainer loop, against a Redis where producers run (as in compose)."""
+    assert opts.redis_url, "train needs a Redis URL"
+    with sigterm_as_interrupt():
+        client = redis.Redis.from_url(opts.redis_url, socket_timeout=30,
+                                      socket_connect_timeout=5)
+        try:
+            train_session(client, opts, f"rollstream train: run {opts.run!r}, "
+                          f"{_mode(opts.config)}, producers elsewhere", out)
+        finally:
+            client.close()
     return 0

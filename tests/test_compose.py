@@ -1,0 +1,132 @@
+"""The compose deployment: the file validates, and its services' commands work as local
+processes against a Redis with a password and an append-only file, as compose runs them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+
+from rollstream.embedded import find_redis_server
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "compose" / "compose.yaml"
+pytestmark = pytest.mark.slow
+
+
+def services() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())["services"]
+
+
+def test_compose_file_declares_the_deployment():
+    svc = services()
+    assert set(svc) == {"redis", "producer", "trainer"}
+    redis_cmd = " ".join(svc["redis"]["command"])
+    assert "--requirepass" in redis_cmd and "--appendonly yes" in redis_cmd
+    assert "--appendfsync always" in redis_cmd
+    assert svc["producer"]["command"][-1] == "produce"
+    assert svc["producer"]["healthcheck"]["test"][1:] == ["rollstream", "produce", "--check"]
+    assert svc["trainer"]["command"][0] == "train"
+    for name in ("producer", "trainer"):
+        assert "ROLLSTREAM_REDIS_URL" in svc[name]["environment"]
+
+
+@pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
+def test_compose_config_validates():
+    out = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def password_redis(tmp_path):
+    """A redis-server like compose's: TCP, a password, AOF with an fsync per write."""
+    port = free_port()
+    proc = subprocess.Popen([find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
+                             "--requirepass", "s3cret", "--appendonly", "yes",
+                             "--appendfsync", "always", "--save", "", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://:s3cret@127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=port).ping()  # the password is really required
+    yield url
+    client.close()
+    proc.terminate()
+    proc.wait(10)
+
+
+def service_cmd(name: str) -> list[str]:
+    """The service's command as compose runs it: the image's entrypoint is `rollstream`."""
+    cmd = [arg.replace("${ROLLSTREAM_CONFIG:-configs/frozenlake_async.yaml}",
+                       "configs/frozenlake_async.yaml") for arg in services()[name]["command"]]
+    return [sys.executable, "-m", "rollstream", *cmd]
+
+
+def test_services_run_as_local_processes(password_redis):
+    env = {**os.environ, "ROLLSTREAM_REDIS_URL": password_redis, "ROLLSTREAM_RUN": "exp1"}
+    env.pop("REDIS_URL", None)
+    producer = subprocess.Popen(service_cmd("producer"), cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        trainer = subprocess.run([*service_cmd("trainer"), "--steps", "3"], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=120)
+        assert trainer.returncode == 0, trainer.stderr
+        assert len([x for x in trainer.stdout.splitlines() if x.startswith("step")]) == 3
+        out, _ = producer.communicate(timeout=30)  # the trainer's stop ends the producer
+        assert producer.returncode == 0, out
+        check = subprocess.run(service_cmd("producer") + ["--check"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 1  # healthcheck: no live producer on this host now
+    finally:
+        if producer.poll() is None:
+            producer.send_signal(signal.SIGKILL)
+            producer.communicate(timeout=10)
+
+
+def test_producer_healthcheck_passes_while_it_runs(password_redis):
+    env = {**os.environ, "ROLLSTREAM_REDIS_URL": password_redis, "ROLLSTREAM_RUN": "hc"}
+    env.pop("REDIS_URL", None)
+    r = redis.Redis.from_url(password_redis)
+    from consumer import Batcher
+    from schemas.config import RolloutConfig
+
+    Batcher(r, RolloutConfig.from_yaml(ROOT / "configs" / "frozenlake_sync.yaml"), run="hc")
+    producer = subprocess.Popen(service_cmd("producer"), cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while r.zcard("{hc}:producers") == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        check = subprocess.run(service_cmd("producer") + ["--check"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert "1 live producer(s) on this host" in check.stdout
+    finally:
+        producer.send_signal(signal.SIGTERM)
+        producer.wait(30)
+        r.close()
