@@ -23,6 +23,7 @@ import numpy as np
 import redis
 
 from consumer import Batcher
+from producers.control import ControlState
 from producers.envs import make_env
 from producers.policies.random import RandomPolicy
 from producers.rollout import EnvSlot, play_episode
@@ -71,6 +72,7 @@ def plain_rollout_loop(config: RolloutConfig, seconds: float) -> tuple[float, fl
     slot = EnvSlot(mode="train", env_id=0, group_id=0, member=0, shard=0, tag="FrozenLake",
                    env=make_env(spec.env_id, spec.env_config))
     policy = RandomPolicy()
+    control = ControlState()
 
     async def loop() -> tuple[int, int]:
         trajs = steps = 0
@@ -78,7 +80,7 @@ def plain_rollout_loop(config: RolloutConfig, seconds: float) -> tuple[float, fl
         while time.perf_counter() - started < seconds:
             slot.group_id, slot.k = trajs % 128, trajs // 128
             traj = await play_episode(slot, seed=config.seed, producer_id="plain", policy=policy,
-                                      version=lambda: 0, ready=lambda: True, gate=_open_gate)
+                                      control=control, gate=_open_gate)
             trajs += 1
             steps += traj["num_actions"]
         return trajs, steps

@@ -30,20 +30,22 @@ class ControlState:
         self.paused: frozenset[str] = frozenset()
         self.val_round = 0
         self.stopped = False
+        self.generation = 0  # +1 on every change and every wake: a cheap "anything new?"
         self._changed = asyncio.Event()
 
     def update(self, version: int, paused: frozenset[str], val_round: int, stopped: bool) -> None:
         new = (version, paused, val_round, stopped)
         if new != (self.version, self.paused, self.val_round, self.stopped):
             self.version, self.paused, self.val_round, self.stopped = new
-            self._changed.set()
-            self._changed = asyncio.Event()
+            self.wake_all()
 
     async def wait_change(self) -> None:
         """Return on the next change, or at the watcher's next periodic wake."""
         await self._changed.wait()
 
     def wake_all(self) -> None:
+        """Wake every waiter and make every running episode re-check its gate."""
+        self.generation += 1
         self._changed.set()
         self._changed = asyncio.Event()
 

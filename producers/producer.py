@@ -327,15 +327,6 @@ class Producer:
             if not await self._episode(run, slot):
                 return
 
-    def _ready(self, run: ShardRun, slot: EnvSlot, k: int) -> bool:
-        """The fast path of `_gate`: True when the episode may go on right now."""
-        state = self.state
-        if state.paused and slot.mode == "train" or self._leaving(run) and self._stopping:
-            return False
-        if slot.mode == "val":
-            return state.val_round == slot.round
-        return not self.schedules["train"].expired(k, state.version)
-
     async def _gate(self, run: ShardRun, slot: EnvSlot, k: int) -> bool:
         """Before each policy call: wait out a pause; False to abandon the episode."""
         state = self.state
@@ -389,8 +380,7 @@ class Producer:
             try:
                 return await play_episode(
                     slot, seed=self.config.seed, producer_id=self.producer_id,
-                    policy=self.policy, version=lambda: self.state.version,
-                    ready=lambda: self._ready(run, slot, slot.k),
+                    policy=self.policy, control=self.state,
                     gate=lambda: self._gate(run, slot, slot.k),
                 )
             except Abandoned:

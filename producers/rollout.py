@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from producers.control import ControlState
 from producers.policies import Policy, StepContext
 from schemas.codec import SCHEMA_VERSION, traj_ids
 from schemas.seeding import episode_seed
@@ -60,65 +61,66 @@ async def play_episode(
     seed: int,
     producer_id: str,
     policy: Policy,
-    version: Callable[[], int],
-    ready: Callable[[], bool],
+    control: ControlState,
     gate: Callable[[], Awaitable[bool]],
 ) -> dict[str, Any]:
     """Play episode `slot.k` and return its trajectory message (not yet encoded).
 
-    Before every policy call `ready()` says whether to go on at once (the common case, no
-    await); when it says no, `gate()` waits (a pause) and returns False to abandon the episode.
+    `gate()` runs before the first policy call and again whenever the control state has
+    changed since (version, pause, val round, stop, a shard handover): it waits out a pause
+    and returns False to abandon the episode. In between, a step costs one integer compare.
     Env exceptions propagate; the caller retries with the same seed.
     """
     k = slot.k
-    env_seed = episode_seed(seed, slot.mode, slot.group_id, k)
-    ctx = StepContext(env=slot.env, seed=env_seed, version=0, mode=slot.mode,
+    env, env_seed = slot.env, episode_seed(seed, slot.mode, slot.group_id, k)
+    ctx = StepContext(env=env, seed=env_seed, version=0, mode=slot.mode,
                       group_id=slot.group_id, episode_id=k, member=slot.member, tag=slot.tag)
+    act_now = getattr(policy, "act_now", None)  # a policy that needs no await per action
+    text_step = getattr(env.unwrapped, "step_text", None)
     started = time.perf_counter()
-    env_s = policy_s = 0.0
+    policy_s = 0.0
     version_start: int | None = None
     steps: list[dict[str, Any]] = []
     score = 0.0
     terminated = truncated = False
-    info: dict[str, Any] = {}
+    seen = -1  # the control generation the gate last passed
 
-    t0 = time.perf_counter()
-    observation, info = slot.env.reset(seed=env_seed)
-    env_s += time.perf_counter() - t0
+    observation, info = env.reset(seed=env_seed)
     while not (terminated or truncated):
-        if not ready() and not await gate():
-            raise Abandoned(f"episode {k} of env {slot.env_id}")
-        step_version = version()
+        if control.generation != seen:
+            seen = control.generation
+            if not await gate():
+                raise Abandoned(f"episode {k} of env {slot.env_id}")
+        step_version = ctx.version = control.version
         if version_start is None:
             version_start = step_version
-        ctx.version = step_version
         t0 = time.perf_counter()
-        action, response = await policy.act(observation, ctx)
-        t1 = time.perf_counter()
-        if response is not None and hasattr(slot.env.unwrapped, "step_text"):
-            next_obs, reward, terminated, truncated, info = slot.env.unwrapped.step_text(response)
+        chosen = act_now(observation, ctx) if act_now is not None else None
+        action, response = chosen if chosen is not None else await policy.act(observation, ctx)
+        policy_s += time.perf_counter() - t0
+        if response is not None and text_step is not None:
+            next_obs, reward, terminated, truncated, info = text_step(response)
         else:
-            next_obs, reward, terminated, truncated, info = slot.env.step(action)
-        t2 = time.perf_counter()
-        policy_s += t1 - t0
-        env_s += t2 - t1
+            next_obs, reward, terminated, truncated, info = env.step(action)
+        reward = float(reward)
         step: dict[str, Any] = {
             "observation": observation,
             "action": action,
-            "reward": float(reward),
+            "reward": reward,
             "version": step_version,
             "info": _clean_info(info),
         }
         if response is not None:
             step["response"] = response
         steps.append(step)
-        score += float(reward)
+        score += reward
         observation = next_obs
 
+    wall_s = time.perf_counter() - started
     return {
         **_identity(slot, k, env_seed, producer_id),
-        "version_start": version_start if version_start is not None else version(),
-        "version_end": steps[-1]["version"] if steps else version(),
+        "version_start": version_start if version_start is not None else control.version,
+        "version_end": steps[-1]["version"] if steps else control.version,
         "episode_score": score,
         "success": bool(info.get("success", False)),
         "terminated": bool(terminated),
@@ -127,9 +129,9 @@ async def play_episode(
         "steps": steps,
         "final_observation": observation,
         "failed": False,
-        "env_time_s": env_s,
+        "env_time_s": wall_s - policy_s,  # env, bookkeeping and waits in a pause
         "policy_time_s": policy_s,
-        "wall_time_s": time.perf_counter() - started,
+        "wall_time_s": wall_s,
         "finished_at": time.time(),
     }
 

@@ -38,7 +38,9 @@ class Policy(Protocol):
     """`act` returns (action, response): the env action and the raw model text, if any.
 
     With a response and a text env, the env parses the response itself (`step_text`), so a
-    malformed answer gets the env's format penalty.
+    malformed answer gets the env's format penalty. A policy may also define
+    `act_now(observation, ctx)`, returning the same pair without an await (or None to fall
+    back to `act`): a random or numpy policy then costs no coroutine per step.
     """
 
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None]: ...

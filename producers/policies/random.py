@@ -21,9 +21,20 @@ class RandomPolicy:
     def __init__(self, latency_s: float = 0.0):
         self.latency_s = latency_s
 
+    def act_now(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None] | None:
+        """The action without an await (no latency to simulate), else None: use `act`.
+
+        A subclass that overrides `act` gets `act` (the fast path would skip its override)."""
+        if self.latency_s > 0 or type(self).act is not RandomPolicy.act:
+            return None
+        return self._sample(ctx)
+
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None]:
         if self.latency_s > 0:
             await asyncio.sleep(self.latency_s)
+        return self._sample(ctx)
+
+    def _sample(self, ctx: StepContext) -> tuple[Any, str | None]:
         space = ctx.env.action_space
         if isinstance(space, spaces.Discrete):
             return int(space.start) + self._draw(ctx, int(space.n)), None
