@@ -17,6 +17,7 @@ import asyncio
 import os
 import random
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +117,19 @@ def redis_cpu_s(client: redis.Redis) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
+def wait_balanced(client: redis.Redis, config: RolloutConfig, run: str, producers: int,
+                  timeout_s: float = 60.0) -> None:
+    """Measure only once every producer holds its share of the shards."""
+    keys = [f"{{{run}}}:lease:train:{s}" for s in range(config.train_env_manager.num_shards)]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        owners = client.mget(keys)
+        if None not in owners and len(set(owners)) == min(producers, len(keys)):
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"producers did not share the shards within {timeout_s:.0f}s")
+
+
 def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
              warmup_batches: int) -> dict[str, float]:
     client = redis.Redis.from_url(url, socket_timeout=30)
@@ -123,6 +137,7 @@ def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
     batcher = Batcher(client, config, run=run)
     procs = start_producers(url, run, producers, "WARNING")
     try:
+        wait_balanced(client, config, run, producers)
         for _ in range(warmup_batches):
             batch = batcher.get_batch("train", timeout_s=120)
             batcher.ack(batch)
@@ -169,9 +184,40 @@ def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
         client.close()
 
 
+def one_round(config: RolloutConfig, args: argparse.Namespace, url: str) -> float:
+    """Plain loop, pipeline, plain loop again (the machine's speed drifts): prints the
+    figures and returns pipeline / mean plain trajectories/s."""
+    before = plain_env_loop(config, args.seconds / 4)
+    roll_traj, roll_steps = plain_rollout_loop(config, args.seconds / 4)
+    result = pipeline(config, url, args.producers, args.seconds, args.warmup_batches)
+    after = plain_env_loop(config, args.seconds / 4)
+    env_traj = (before[0] + after[0]) / 2
+    env_steps = (before[1] + after[1]) / 2
+    ratio = result["traj_s"] / env_traj
+    mode = "sync" if args.ratio == 0 else f"async ratio {args.ratio}"
+    print(f"plain env loop (1 process, no queue):     {env_traj:9.0f} traj/s "
+          f"{env_steps:9.0f} steps/s  (before {before[0]:.0f}, after {after[0]:.0f})")
+    print(f"plain rollout code (1 process, no queue): {roll_traj:9.0f} traj/s "
+          f"{roll_steps:9.0f} steps/s")
+    print(f"pipeline ({args.producers} producers, {mode}):      {result['traj_s']:9.0f} traj/s "
+          f"{result['steps_s']:9.0f} steps/s  ({result['batches']:.0f} batches of 1024)")
+    print(f"  pipeline / plain env loop: {ratio:.2f}x trajectories/s")
+    print(f"  batch wait p50 {result['wait_p50'] * 1000:.0f} ms  p99 "
+          f"{result['wait_p99'] * 1000:.0f} ms; trajectory commit->trainer p50 "
+          f"{result['lat_p50'] * 1000:.0f} ms  p99 {result['lat_p99'] * 1000:.0f} ms")
+    print(f"  stale dropped {result['stale']:.0f}; memory: redis peak "
+          f"{result['redis_mb']:.1f} MB, producers RSS {result['producers_rss_mb']:.0f} MB, "
+          f"trainer RSS {result['trainer_rss_mb']:.0f} MB")
+    print(f"  CPU seconds per 1000 trajectories: producers {result['cpu_producers']:.3f}, "
+          f"trainer (batcher) {result['cpu_trainer']:.3f}, redis {result['cpu_redis']:.3f}",
+          flush=True)
+    return ratio
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=20.0, help="pipeline time per round")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; the median is printed")
     parser.add_argument("--producers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--ratio", type=int, default=1, help="async_generation_ratio")
     parser.add_argument("--latency-s", type=float, default=0.0,
@@ -180,32 +226,12 @@ def main() -> None:
     parser.add_argument("--redis-url", default=None, help="default: an embedded server")
     args = parser.parse_args()
     config = bench_config(args.ratio, args.latency_s)
-
-    env_traj, env_steps = plain_env_loop(config, args.seconds / 2)
-    roll_traj, roll_steps = plain_rollout_loop(config, args.seconds / 2)
-    print(f"plain env loop (1 process, no queue):       {env_traj:9.0f} traj/s "
-          f"{env_steps:9.0f} steps/s")
-    print(f"plain rollout code (1 process, no queue):   {roll_traj:9.0f} traj/s "
-          f"{roll_steps:9.0f} steps/s")
-    if args.redis_url:
-        result = pipeline(config, args.redis_url, args.producers, args.seconds,
-                          args.warmup_batches)
-    else:
-        with EmbeddedRedis() as server:
-            result = pipeline(config, server.url, args.producers, args.seconds,
-                              args.warmup_batches)
-    mode = "sync" if args.ratio == 0 else f"async ratio {args.ratio}"
-    print(f"pipeline ({args.producers} producers, {mode}):        {result['traj_s']:9.0f} traj/s "
-          f"{result['steps_s']:9.0f} steps/s  ({result['batches']:.0f} batches of 1024)")
-    print(f"  pipeline / plain env loop: {result['traj_s'] / env_traj:.2f}x trajectories/s")
-    print(f"  batch wait p50 {result['wait_p50'] * 1000:.0f} ms  p99 "
-          f"{result['wait_p99'] * 1000:.0f} ms; trajectory commit->trainer p50 "
-          f"{result['lat_p50'] * 1000:.0f} ms  p99 {result['lat_p99'] * 1000:.0f} ms")
-    print(f"  stale dropped {result['stale']:.0f}; memory: redis peak "
-          f"{result['redis_mb']:.1f} MB, producers RSS {result['producers_rss_mb']:.0f} MB, "
-          f"trainer RSS {result['trainer_rss_mb']:.0f} MB")
-    print(f"  CPU seconds per 1000 trajectories: producers {result['cpu_producers']:.3f}, "
-          f"trainer (batcher) {result['cpu_trainer']:.3f}, redis {result['cpu_redis']:.3f}")
+    with EmbeddedRedis() if args.redis_url is None else nullcontext() as server:
+        url = args.redis_url or server.url
+        ratios = [one_round(config, args, url) for _ in range(args.repeat)]
+    if args.repeat > 1:
+        print(f"median pipeline / plain env loop over {args.repeat} rounds: "
+              f"{float(np.median(ratios)):.2f}x (all: {', '.join(f'{x:.2f}' for x in ratios)})")
 
 
 if __name__ == "__main__":

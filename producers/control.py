@@ -18,6 +18,8 @@ from schemas.keys import Keys
 
 logger = logging.getLogger(__name__)
 
+LEASES_MESSAGE = b"leases"  # on the control channel: rebalance shards now
+
 
 class ControlState:
     """Latest known control values; `await wait_change()` wakes on any change.
@@ -61,6 +63,7 @@ class ControlWatcher:
         self.poll_interval_s = poll_interval_s
         self.wake_every_s = wake_every_s
         self._poke = asyncio.Event()
+        self.leases_changed = asyncio.Event()  # a producer joined, left or handed a shard over
 
     async def refresh(self) -> None:
         keys = self._keys
@@ -110,7 +113,11 @@ class ControlWatcher:
                 backoff.reset()
                 while not stop.is_set():
                     message = await pubsub.get_message(timeout=1.0)
-                    if message is not None:
+                    if message is None:
+                        continue
+                    if message.get("data") == LEASES_MESSAGE:
+                        self.leases_changed.set()
+                    else:
                         self._poke.set()
             except RedisError as exc:
                 await backoff.sleep(f"subscribe failed: {exc}")

@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from producers.commit import Committer, Outcome
-from producers.control import ControlState, ControlWatcher
+from producers.control import LEASES_MESSAGE, ControlState, ControlWatcher
 from producers.envs import build_env
 from producers.leases import Leases, ShardId, claim_order, fair_share
 from producers.policies import Policy, make_policy
@@ -48,10 +48,6 @@ class ShardRun:
     slots: list[EnvSlot]
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     draining: bool = False  # handing over: finish the episode in flight, then stop
-
-    @property
-    def done(self) -> bool:
-        return all(task.done() for task in self.tasks)
 
 
 class Producer:
@@ -85,6 +81,8 @@ class Producer:
         self._stop: asyncio.Event | None = None
         self._stop_requested = False
         self._main_task: asyncio.Task[None] | None = None
+        self._live = 0  # live producers at the last heartbeat (0: not joined yet)
+        self._handovers: set[asyncio.Task[None]] = set()
 
     # -- public ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -178,6 +176,7 @@ class Producer:
                           for m in config.modes()}
         self.state = ControlState()
         watcher = ControlWatcher(redis, self.keys, self.state, self.poll_interval_s)
+        self.watcher = watcher
         self.committer = Committer(redis, self.keys, self.producer_id)
         self.leases = Leases(redis, self.keys, self.producer_id, config.lease_ttl_s)
         self.redis = redis
@@ -220,31 +219,66 @@ class Producer:
             if deadline is not None and time.monotonic() >= deadline:
                 self._stop.set()
                 break
+            self.watcher.leases_changed.clear()
             try:
                 await self._rebalance()
                 backoff.reset()
             except RedisError as exc:
                 await backoff.sleep(f"heartbeat failed: {exc}")
                 continue
-            await self._sleep(interval)
+            await self._wait_rebalance(interval)
+
+    async def _wait_rebalance(self, timeout_s: float) -> None:
+        """Until the next heartbeat, or sooner when another producer changes the leases."""
+        assert self._stop is not None
+        waits = [asyncio.ensure_future(self._stop.wait()),
+                 asyncio.ensure_future(self.watcher.leases_changed.wait())]
+        await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waits:
+            waiter.cancel()
+
+    async def _announce_leases(self) -> None:
+        """Tell the other producers to rebalance now (a join, a handover, a departure)."""
+        await self.redis.publish(self.keys.control, LEASES_MESSAGE)
 
     async def _rebalance(self) -> None:
         beat = await self.leases.heartbeat(list(self.shards))
+        if beat.live != self._live:
+            if beat.live > self._live and self._live:
+                logger.info("%d live producers now", beat.live)
+            if self._live == 0:
+                await self._announce_leases()  # joined: the others hand shards over now
+            self._live = beat.live
         for shard in beat.lost:
             logger.warning("lease of shard %s lost; stopping its envs", shard)
             self._drop_shard(shard, cancel=True)
-        for shard in [s for s, run in self.shards.items() if run.draining and run.done]:
-            self._drop_shard(shard, cancel=False)
-            await self.leases.release([shard])
-            logger.info("handed over shard %s", shard)
         target = fair_share(len(self.all_shards()), beat.live, self.max_shards)
         active = [s for s, run in self.shards.items() if not run.draining]
         if len(active) > target:
             for shard in active[target:]:
-                self.shards[shard].draining = True
-                self.state.wake_all()
+                run = self.shards[shard]
+                run.draining = True
+                task = asyncio.create_task(self._hand_over(run))
+                self._handovers.add(task)
+                task.add_done_callback(self._handovers.discard)
+            self.state.wake_all()
         elif len(active) < target and not self._stopping:
             await self._claim(target - len(active))
+
+    async def _hand_over(self, run: ShardRun) -> None:
+        """Once the shard's envs have finished their episodes in flight, release it at once
+        and tell the others, so the shard is idle for milliseconds, not heartbeats."""
+        await asyncio.gather(*run.tasks, return_exceptions=True)
+        if self.shards.get(run.shard) is not run:
+            return  # lost or stopped meanwhile
+        self._drop_shard(run.shard, cancel=False)
+        try:
+            await self.leases.release([run.shard])
+            await self._announce_leases()
+            logger.info("handed over shard %s", run.shard)
+        except RedisError as exc:
+            logger.warning("could not release shard %s (%s); it frees in %.0fs", run.shard,
+                           exc, self.config.lease_ttl_s)
 
     async def _claim(self, wanted: int) -> None:
         for shard in claim_order(self.all_shards(), self.producer_id):
@@ -400,6 +434,7 @@ class Producer:
         self._stop.set()
         self.state.wake_all()
         tasks = [task for run in self.shards.values() for task in run.tasks]
+        tasks += list(self._handovers)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -414,6 +449,7 @@ class Producer:
         try:
             released = await self.leases.release(held)
             await self.leases.leave()
+            await self._announce_leases()  # the others take the shards over now
             logger.info("producer %s stopped: %d committed, %d leases released",
                         self.producer_id, self.committed, released)
         except RedisError as exc:
