@@ -200,3 +200,22 @@ def test_ctrl_c_stops_up_and_every_process(run):
     ps = subprocess.run(["pgrep", "-f", f"--run {run}"], capture_output=True, text=True)
     assert ps.stdout == ""
     assert not Path(sock.group(1)).exists()
+
+
+def test_a_joining_producer_gets_its_share_long_before_a_heartbeat(r, run, producer_process):
+    # heartbeats every 10 s: only the join/handover announcements can balance within 6 s
+    config = spread_config(lease_ttl_s=30.0)
+    keys = Keys(run)
+    Batcher(r, config, run=run)
+    producer_process()
+    wait_for(lambda: all(lease_owners(r, keys, config).values()), timeout_s=30,
+             what="the first producer to hold every shard")
+    producer_process()
+    started = time.monotonic()
+
+    def balanced():
+        owners = Counter(lease_owners(r, keys, config).values())
+        return None not in owners and len(owners) == 2 and max(owners.values()) <= 5
+
+    wait_for(balanced, timeout_s=6, what="the shards to be shared within 6 s")
+    assert time.monotonic() - started < 6
