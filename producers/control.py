@@ -64,6 +64,7 @@ class ControlWatcher:
         self.wake_every_s = wake_every_s
         self._poke = asyncio.Event()
         self.leases_changed = asyncio.Event()  # a producer joined, left or handed a shard over
+        self.subscribed = asyncio.Event()  # the control channel is being listened to
 
     async def refresh(self) -> None:
         keys = self._keys
@@ -110,6 +111,7 @@ class ControlWatcher:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self._keys.control)
+                self.subscribed.set()
                 backoff.reset()
                 while not stop.is_set():
                     message = await pubsub.get_message(timeout=1.0)

@@ -35,6 +35,8 @@ from schemas.protocol import Schedule
 
 logger = logging.getLogger(__name__)
 
+SHORT_RECHECK_S = 0.5  # below the fair share (shards in motion): look again this soon
+
 
 def new_producer_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -185,6 +187,10 @@ class Producer:
             asyncio.create_task(watcher.run(self._stop, Backoff(name="control"))),
             asyncio.create_task(self.committer.run(self._stop, Backoff(name="commit"))),
         ]
+        try:  # hear the others' lease announcements before taking part in the shard split
+            await asyncio.wait_for(watcher.subscribed.wait(), 5.0)
+        except asyncio.TimeoutError:
+            logger.warning("control channel not subscribed after 5s; relying on heartbeats")
         deadline = None if self.seconds is None else time.monotonic() + self.seconds
         logger.info("producer %s serving run %s", self.producer_id, self.keys.run)
         try:
@@ -221,12 +227,12 @@ class Producer:
                 break
             self.watcher.leases_changed.clear()
             try:
-                await self._rebalance()
+                short = await self._rebalance()
                 backoff.reset()
             except RedisError as exc:
                 await backoff.sleep(f"heartbeat failed: {exc}")
                 continue
-            await self._wait_rebalance(interval)
+            await self._wait_rebalance(min(interval, SHORT_RECHECK_S) if short else interval)
 
     async def _wait_rebalance(self, timeout_s: float) -> None:
         """Until the next heartbeat, or sooner when another producer changes the leases."""
@@ -241,7 +247,9 @@ class Producer:
         """Tell the other producers to rebalance now (a join, a handover, a departure)."""
         await self.redis.publish(self.keys.control, LEASES_MESSAGE)
 
-    async def _rebalance(self) -> None:
+    async def _rebalance(self) -> bool:
+        """Heartbeat, drop lost shards, hand over or claim to the fair share. True when short
+        of the share: shards are on their way, look again soon."""
         beat = await self.leases.heartbeat(list(self.shards))
         if beat.live != self._live:
             if beat.live > self._live and self._live:
@@ -263,7 +271,8 @@ class Producer:
                 task.add_done_callback(self._handovers.discard)
             self.state.wake_all()
         elif len(active) < target and not self._stopping:
-            await self._claim(target - len(active))
+            return await self._claim(target - len(active)) > 0
+        return False
 
     async def _hand_over(self, run: ShardRun) -> None:
         """Once the shard's envs have finished their episodes in flight, release it at once
@@ -280,10 +289,11 @@ class Producer:
             logger.warning("could not release shard %s (%s); it frees in %.0fs", run.shard,
                            exc, self.config.lease_ttl_s)
 
-    async def _claim(self, wanted: int) -> None:
+    async def _claim(self, wanted: int) -> int:
+        """Claim up to `wanted` free shards; returns how many it could not get."""
         for shard in claim_order(self.all_shards(), self.producer_id):
             if wanted <= 0 or self._stopping:
-                return
+                break
             if shard in self.shards:
                 continue
             if await self.leases.try_claim(shard):
@@ -293,6 +303,7 @@ class Producer:
                     await self.leases.release([shard])  # not ours to keep if it cannot run
                     raise
                 wanted -= 1
+        return wanted
 
     async def _start_shard(self, shard: ShardId) -> None:
         mode, index = shard

@@ -94,4 +94,5 @@ def producer_process(redis_url: str, run: str) -> Iterator[Callable[..., subproc
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=10)
+        out, _ = proc.communicate(timeout=10)
+        print(f"--- producer pid {proc.pid} exit {proc.returncode}:\n{out}")  # on failure
