@@ -320,6 +320,7 @@ class Producer:
             slots.append(EnvSlot(
                 mode=mode, env_id=env_id, group_id=group, member=manager.member_of_env(env_id),
                 shard=index, tag=tag, env=build_env(self.config, tag),
+                threaded=self.config.env_spec(tag).threaded,
                 k=int(cursor or 0), round=int(val_round or 0) if mode == "val" else 0,
             ))
         run = ShardRun(shard, slots)

@@ -6,7 +6,9 @@ val round) is a callback, so this module knows the episode and not the protocol 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,6 +40,35 @@ class EnvSlot:
     k: int = 0
     round: int = 0
     failures: int = field(default=0, repr=False)
+    threaded: bool = False  # reset/step in a worker thread (an env that blocks)
+
+
+async def in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` in a daemon thread of its own, awaited.
+
+    For envs that block. Not an executor: a pool's threads are joined at interpreter exit, so
+    a producer stopping while an env is stuck in a long step would hang until the step ends;
+    a daemon thread is left behind and the step in flight is dropped, as a stop promises.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            (future.set_result if ok else future.set_exception)(value)
+
+    def work() -> None:
+        try:
+            outcome = (True, fn(*args, **kwargs))
+        except BaseException as exc:  # travels to the awaiting task with its traceback
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    threading.Thread(target=work, daemon=True, name="env-step").start()
+    return await future
 
 
 class Abandoned(Exception):
@@ -85,7 +116,10 @@ async def play_episode(
     terminated = truncated = False
     seen = -1  # the control generation the gate last passed
 
-    observation, info = env.reset(seed=env_seed)
+    if slot.threaded:
+        observation, info = await in_daemon_thread(env.reset, seed=env_seed)
+    else:
+        observation, info = env.reset(seed=env_seed)
     while not (terminated or truncated):
         if control.generation != seen:
             seen = control.generation
@@ -99,9 +133,13 @@ async def play_episode(
         action, response = chosen if chosen is not None else await policy.act(observation, ctx)
         policy_s += time.perf_counter() - t0
         if response is not None and text_step is not None:
-            next_obs, reward, terminated, truncated, info = text_step(response)
+            step_fn, arg = text_step, response  # the env parses the model's reply
         else:
-            next_obs, reward, terminated, truncated, info = env.step(action)
+            step_fn, arg = env.step, action
+        if slot.threaded:
+            next_obs, reward, terminated, truncated, info = await in_daemon_thread(step_fn, arg)
+        else:
+            next_obs, reward, terminated, truncated, info = step_fn(arg)
         reward = float(reward)
         step: dict[str, Any] = {
             "observation": observation,

@@ -29,6 +29,11 @@ class EnvSpec(BaseModel):
     env_id: str = Field(default="", description="registered gymnasium id, e.g. CartPole-v1")
     env_type: str | None = Field(default=None, description="ROLL alias: sokoban, frozen_lake")
     env_config: dict[str, Any] = Field(default_factory=dict, description="kwargs for make()")
+    threaded: bool = Field(
+        default=False,
+        description="run reset/step in a worker thread, for envs that block (I/O, "
+        "subprocesses, long compute) and would otherwise stall the producer's other envs",
+    )
 
     @model_validator(mode="after")
     def _resolve_id(self) -> EnvSpec:

@@ -82,3 +82,26 @@ class BrokenEnv(gym.Env):
 BROKEN_ENV_ID = "rollstream-test/Broken-v0"
 if BROKEN_ENV_ID not in gym.registry:
     gym.register(id=BROKEN_ENV_ID, entry_point="helpers:BrokenEnv")
+
+
+class SleepyEnv(gym.Env):
+    """A one-step env whose step blocks for `delay_s` (as an env doing I/O would)."""
+
+    observation_space = gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, delay_s: float = 30.0):
+        self.delay_s = delay_s
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action: int):
+        time.sleep(self.delay_s)
+        return 1, 1.0, True, False, {"success": True}
+
+
+SLEEPY_ENV_ID = "rollstream-test/Sleepy-v0"
+if SLEEPY_ENV_ID not in gym.registry:
+    gym.register(id=SLEEPY_ENV_ID, entry_point="helpers:SleepyEnv")

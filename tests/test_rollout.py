@@ -9,7 +9,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from helpers import BROKEN_ENV_ID, small_config, wait_for
+from helpers import BROKEN_ENV_ID, SLEEPY_ENV_ID, small_config, wait_for
 
 from consumer import Batcher
 from producers.policies import StepContext
@@ -76,6 +76,26 @@ def test_get_batch_returns_while_one_groups_env_is_slow(r, run, producer_thread)
     assert time.monotonic() - started < 10
     assert 0 not in set(batch.group_ids.tolist())
     assert_complete_groups(batch, 4)
+
+
+def test_get_batch_returns_while_one_groups_env_blocks(r, run, producer_thread):
+    # group 3's env sleeps 30 s in step(); run in a worker thread, it stalls nobody else
+    config = small_config(
+        rollout_batch_size=12, async_generation_ratio=1,
+        custom_envs={"Sleepy": {"env_id": SLEEPY_ENV_ID, "env_config": {"delay_s": 30.0},
+                                "threaded": True}},
+        train_env_manager={"tags": ["FrozenLake", "Sleepy"], "num_groups_partition": [3, 1]},
+    )
+    batcher = Batcher(r, config, run=run)
+    thread = producer_thread()
+    started = time.monotonic()
+    for _ in range(3):
+        batch = batcher.get_batch("train", timeout_s=20)
+        assert 3 not in set(batch.group_ids.tolist())
+        batcher.ack(batch)
+        batcher.publish_version()
+    assert time.monotonic() - started < 10
+    thread.producer.request_stop()  # the sleeping step is dropped: no 30 s wait at exit
 
 
 def test_sync_pause_stops_xadds_and_next_get_batch_resumes(r, run, producer_thread):
@@ -238,10 +258,11 @@ def test_two_batchers_split_the_groups(r, run, producer_thread):
     assert r.smembers(Keys(run).pause) == {b"sync-0", b"sync-1"}
 
 
-def test_failing_env_drops_its_group_and_counts_it(r, run, producer_thread):
+@pytest.mark.parametrize("threaded", [False, True])
+def test_failing_env_drops_its_group_and_counts_it(r, run, producer_thread, threaded):
     config = small_config(
         rollout_batch_size=12, env_max_retries=1, async_generation_ratio=1,
-        custom_envs={"Broken": {"env_id": BROKEN_ENV_ID}},
+        custom_envs={"Broken": {"env_id": BROKEN_ENV_ID, "threaded": threaded}},
         train_env_manager={"tags": ["FrozenLake", "Broken"], "num_groups_partition": [3, 1]},
     )
     batcher = Batcher(r, config, run=run)
