@@ -84,6 +84,7 @@ class Producer:
         self._stop_requested = False
         self._main_task: asyncio.Task[None] | None = None
         self._live = 0  # live producers at the last heartbeat (0: not joined yet)
+        self._short_streak = 0  # heartbeats in a row that ended below the fair share
         self._handovers: set[asyncio.Task[None]] = set()
 
     # -- public ------------------------------------------------------------------------------
@@ -232,7 +233,11 @@ class Producer:
             except RedisError as exc:
                 await backoff.sleep(f"heartbeat failed: {exc}")
                 continue
-            await self._wait_rebalance(min(interval, SHORT_RECHECK_S) if short else interval)
+            # short of the share: shards are moving, look again soon (backing off, in case
+            # there are simply more producers than shards)
+            self._short_streak = self._short_streak + 1 if short else 0
+            wait_s = SHORT_RECHECK_S * 2 ** (self._short_streak - 1) if short else interval
+            await self._wait_rebalance(min(interval, wait_s))
 
     async def _wait_rebalance(self, timeout_s: float) -> None:
         """Until the next heartbeat, or sooner when another producer changes the leases."""

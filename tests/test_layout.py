@@ -1,0 +1,33 @@
+"""The one rule between the parts: producers/ and consumer/ import schemas/, never each other
+(and schemas/ imports neither)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = {"producers": {"consumer", "rollstream"}, "consumer": {"producers", "rollstream"},
+             "schemas": {"producers", "consumer", "rollstream"}}
+
+
+def imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_packages_keep_to_their_imports(package):
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files
+    for path in files:
+        bad = imported_packages(path) & FORBIDDEN[package]
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
