@@ -264,6 +264,7 @@ class Batcher:
         self.redis.publish(self.keys.control, b"val_round")
         old = [slot for key, slot in state.groups.items() if key[0] != state.round]
         self._drop_groups(state, old, counter=None)
+        state.finished.clear()  # older rounds' entries are discarded by their round number
 
     def _recover(self, state: ModeState) -> None:
         """After a restart: this consumer's pending entries, then a dead consumer's."""
