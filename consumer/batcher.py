@@ -112,6 +112,7 @@ class Batcher:
         self.totals: dict[str, float] = defaultdict(float)
         self._states = {mode: self._new_state(mode) for mode in config.modes()}
         self._last_claim = 0.0
+        self._owns_config = publish_config
         if publish_config:
             self._publish_config()
         self._create_groups()
@@ -146,6 +147,27 @@ class Batcher:
         pipe.setnx(keys.val_round, 0)
         pipe.delete(keys.stop)
         pipe.execute()
+
+    def _sync_version(self) -> None:
+        """Read the version; if the run's keys are gone (a Redis restarted without
+        persistence), put back what the trainer knows: config, version, consumer groups."""
+        raw = self.redis.get(self.keys.version)
+        if raw is not None:
+            self.version = int(raw)
+            return
+        if self.redis.get(self.keys.config) is not None or not self._owns_config:
+            self.redis.setnx(self.keys.version, self.version)
+            return
+        logger.warning("run %s: its keys are gone (Redis restarted without persistence?); "
+                       "restoring config, version %d and consumer groups; trajectories that "
+                       "were in Redis are lost", self.keys.run, self.version)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(self.keys.config, self.config.to_json())
+        pipe.set(self.keys.version, self.version)
+        pipe.setnx(self.keys.val_round, 0)
+        pipe.publish(self.keys.control, b"version")
+        pipe.execute()
+        self._create_groups()
 
     def _create_groups(self) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -193,7 +215,7 @@ class Batcher:
             self._set_pause(self.sync_reason, False)
         elif not state.round_started:
             self._start_val_round(state)
-        self.version = int(self.redis.get(self.keys.version) or 0)
+        self._sync_version()
         with _gc_paused():
             if not state.recovered:
                 self._recover(state)

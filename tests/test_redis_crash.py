@@ -57,3 +57,40 @@ def test_redis_sigkill_mid_step_loses_and_doubles_nothing():
             producer.stop()
         client.close()
         server.stop()
+
+
+def test_redis_losing_all_data_heals_without_doubles():
+    # no persistence: the restarted server is empty; the trainer puts back config, version and
+    # groups, producers reclaim their shards, and nothing is delivered twice
+    server = EmbeddedRedis(appendonly=False)
+    url = server.start()
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
+    producer = None
+    try:
+        config = small_config(rollout_batch_size=16, async_generation_ratio=1,
+                              lease_ttl_s=1.5)
+        batcher = Batcher(client, config, run="amnesia", block_ms=200)
+        producer = ProducerThread(Producer(url, "amnesia", handle_signals=False,
+                                           poll_interval_s=0.05)).start()
+        delivered: list[str] = []
+        versions: list[int] = []
+        for step in range(5):
+            if step == 2:
+                server.kill()
+                server.start()  # same folder, but nothing was saved
+                assert client.dbsize() == 0
+            batch = batcher.get_batch("train", timeout_s=60)
+            delivered += batch.traj_ids
+            versions.append(batch.version)
+            assert batch.metrics["scheduler/staleness/max"] <= 1
+            batcher.ack(batch)
+            batcher.publish_version()
+        assert versions == [0, 1, 2, 3, 4]
+        assert len(delivered) == len(set(delivered)) == 5 * 16
+        assert int(client.get("{amnesia}:version")) == 5
+        assert producer.stop() == 0
+    finally:
+        if producer is not None and producer.thread.is_alive():
+            producer.stop()
+        client.close()
+        server.stop()
