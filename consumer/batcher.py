@@ -143,9 +143,10 @@ class Batcher:
                            "they read the new one", keys.run)
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(keys.config, new)
-        pipe.setnx(keys.version, 0)
+        pipe.setnx(keys.version, self.version)
         pipe.setnx(keys.val_round, 0)
         pipe.delete(keys.stop)
+        pipe.publish(keys.control, b"version")
         pipe.execute()
 
     def _sync_version(self) -> None:
@@ -161,12 +162,7 @@ class Batcher:
         logger.warning("run %s: its keys are gone (Redis restarted without persistence?); "
                        "restoring config, version %d and consumer groups; trajectories that "
                        "were in Redis are lost", self.keys.run, self.version)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.set(self.keys.config, self.config.to_json())
-        pipe.set(self.keys.version, self.version)
-        pipe.setnx(self.keys.val_round, 0)
-        pipe.publish(self.keys.control, b"version")
-        pipe.execute()
+        self._publish_config()
         self._create_groups()
 
     def _create_groups(self) -> None:
@@ -257,9 +253,6 @@ class Batcher:
         """Tell every producer of the run to exit."""
         self.redis.set(self.keys.stop, 1)
         self.redis.publish(self.keys.control, b"stop")
-
-    def close(self) -> None:
-        """Nothing to release: entries stay pending until acked. Kept for symmetry."""
 
     # -- steps of get_batch -------------------------------------------------------------------
     def _state(self, mode: str) -> ModeState:
@@ -358,9 +351,7 @@ class Batcher:
         if dead:
             self._dead_letter(dead)
         if drop:
-            pipe = self.redis.pipeline(transaction=False)
-            self._queue_drop(pipe, drop)
-            pipe.execute()
+            self._drop_entries(drop)
 
     def _check_entry(self, state: ModeState, stream: str, msg: dict[str, Any]) -> None:
         expected = self.keys.stream(msg["mode"], msg["group_id"])
@@ -432,9 +423,7 @@ class Batcher:
         if counter and entries:
             self._count(state, counter, len(entries))
         if entries:
-            pipe = self.redis.pipeline(transaction=False)
-            self._queue_drop(pipe, entries)
-            pipe.execute()
+            self._drop_entries(entries)
 
     def _finish(self, state: ModeState, slot: GroupSlot) -> None:
         rnd, k, g = slot.key
@@ -481,9 +470,7 @@ class Batcher:
         batch = Batch(state.mode, self.version, trajs, entries, metrics, round=state.round)
         try:
             if late:
-                pipe = self.redis.pipeline(transaction=False)
-                self._queue_drop(pipe, late)
-                pipe.execute()
+                self._drop_entries(late)
             if state.mode == "val":
                 self.ack(batch)  # a val round can be asked for again; nothing to redeliver
         except redis_lib.RedisError as exc:  # they stay pending; a restart cleans them up
@@ -495,6 +482,12 @@ class Batcher:
     def _count(self, state: ModeState, name: str, amount: float = 1) -> None:
         state.counters[name] += amount  # reported with the next batch
         self.totals[name] += amount  # since this Batcher started
+
+    def _drop_entries(self, entries: list[Entry]) -> None:
+        """Ack and delete `entries` in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        self._queue_drop(pipe, entries)
+        pipe.execute()
 
     def _queue_drop(self, pipe: Any, entries: list[Entry]) -> None:
         by_stream: dict[str, list[str]] = defaultdict(list)

@@ -18,6 +18,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
+from schemas.backoff import Backoff
 from schemas.codec import ENTRY_FIELD
 from schemas.keys import Keys
 
@@ -98,7 +99,7 @@ class Committer:
         self._wakeup.set()
         return await future
 
-    async def run(self, stop: asyncio.Event, backoff: Any) -> None:
+    async def run(self, stop: asyncio.Event, backoff: Backoff) -> None:
         """Flush until `stop` is set and the queue is empty. Redis errors back off and retry."""
         while not (stop.is_set() and not self._queue):
             if not self._queue:
@@ -111,11 +112,15 @@ class Committer:
                 continue
             batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
             try:
-                await self._flush(batch)
+                unsent, error = await self._flush(batch)
+            except RedisError as exc:  # the whole pipeline failed
+                unsent, error = batch, exc
+            if not unsent:
                 backoff.reset()
-            except RedisError as exc:
-                self._queue[:0] = batch  # keep order; nothing is lost
-                await backoff.sleep(f"commit failed: {exc}")
+                continue
+            # keep order; a resend of one that did land is a no-op (the cursor is past it)
+            self._queue[:0] = unsent
+            await backoff.sleep(f"commit failed: {error}")
 
     def fail_all(self, exc: BaseException) -> None:
         """Wake every waiter with `exc` (used when the producer shuts down)."""
@@ -129,7 +134,11 @@ class Committer:
             self._sha = await self._redis.script_load(COMMIT_LUA)
         return self._sha
 
-    async def _flush(self, batch: list[PendingCommit]) -> None:
+    async def _flush(
+        self, batch: list[PendingCommit]
+    ) -> tuple[list[PendingCommit], Exception | None]:
+        """Send `batch`; settle every commit that got an answer. Returns the ones to resend
+        (their shard's call failed) and the error."""
         by_shard: dict[tuple[str, int, int], list[PendingCommit]] = {}
         for item in batch:
             by_shard.setdefault((item.mode, item.shard, item.round), []).append(item)
@@ -141,9 +150,13 @@ class Committer:
             again = await self._send(await self._load(), [groups[i] for i in retry])
             for i, reply in zip(retry, again, strict=True):
                 replies[i] = reply
+        unsent: list[PendingCommit] = []
+        error: Exception | None = None
         for (_, items), reply in zip(groups, replies, strict=True):
             if isinstance(reply, Exception):
-                raise reply
+                unsent += items
+                error = reply
+                continue
             codes = [int(r) for r in reply]
             if len(codes) == 1 and codes[0] < 0:  # a refusal covers the whole shard
                 codes = codes * len(items)
@@ -152,6 +165,7 @@ class Committer:
                 self.committed += outcome is Outcome.COMMITTED
                 if not item.future.done():
                     item.future.set_result(outcome)
+        return unsent, error
 
     async def _send(
         self, sha: str, groups: list[tuple[tuple[str, int, int], list[PendingCommit]]]

@@ -9,7 +9,6 @@ set, and learns how many producers are live. Its fair share is `ceil(shards / li
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -98,10 +97,6 @@ class Leases:
     async def leave(self) -> None:
         await self._leave(keys=[self._keys.producers], args=[self.producer_id])
 
-    async def owners(self, shards: list[ShardId]) -> list[str | None]:
-        values = await self._redis.mget([self.key(s) for s in shards])
-        return [v.decode() if isinstance(v, bytes) else v for v in values]
-
 
 def fair_share(total_shards: int, live: int, max_shards: int | None) -> int:
     share = math.ceil(total_shards / max(1, live))
@@ -114,7 +109,3 @@ def claim_order(shards: list[ShardId], producer_id: str) -> list[ShardId]:
         return []
     offset = sum(producer_id.encode()) * 7919 % len(shards)
     return shards[offset:] + shards[:offset]
-
-
-def monotonic_ms() -> int:
-    return int(time.monotonic() * 1000)

@@ -78,7 +78,6 @@ class Producer:
         self.seconds = seconds
         self._policy_override = policy
         self.shards: dict[ShardId, ShardRun] = {}
-        self.committed = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._stop_requested = False
@@ -88,6 +87,12 @@ class Producer:
         self._handovers: set[asyncio.Task[None]] = set()
 
     # -- public ------------------------------------------------------------------------------
+    @property
+    def committed(self) -> int:
+        """Trajectories this producer has committed (the committer counts them)."""
+        committer = getattr(self, "committer", None)
+        return committer.committed if committer is not None else 0
+
     def run(self) -> int:
         """Run until stopped; returns the exit status (0 on a clean stop)."""
         try:
@@ -330,9 +335,8 @@ class Producer:
             ))
         run = ShardRun(shard, slots)
         self.shards[shard] = run
-        for slot in slots:
-            loop_fn = self._train_loop if mode == "train" else self._val_loop
-            run.tasks.append(asyncio.create_task(loop_fn(run, slot)))
+        loop_fn = self._train_loop if mode == "train" else self._val_loop
+        run.tasks = [asyncio.create_task(loop_fn(run, slot)) for slot in slots]
         logger.info("claimed shard %s (%d envs)", shard, len(slots))
 
     def _drop_shard(self, shard: ShardId, *, cancel: bool) -> None:
@@ -397,10 +401,8 @@ class Producer:
         """Play and commit episode `slot.k`. False when the env task must end."""
         k = slot.k
         traj = await self._play_with_retries(run, slot)
-        if traj is None:  # abandoned
-            if not self._leaving(run):
-                slot.k = k + 1
-            return not self._leaving(run)
+        if traj is None:
+            return self._give_up(run, slot, k)
         data = encode_trajectory(traj)
         stream = self.keys.stream(slot.mode, slot.group_id)
         while True:
@@ -410,8 +412,6 @@ class Producer:
             )
             if outcome in (Outcome.COMMITTED, Outcome.DUPLICATE):
                 slot.k = k + 1
-                if outcome is Outcome.COMMITTED:
-                    self.committed += 1
                 return True
             if outcome is Outcome.LEASE_LOST:
                 logger.warning("shard %s: lease lost at commit", run.shard)
@@ -420,9 +420,15 @@ class Producer:
                 return True
             # PAUSED: hold the trajectory; after the pause commit it unless it expired
             if not await self._gate(run, slot, k):
-                if not self._leaving(run):
-                    slot.k = k + 1
-                return not self._leaving(run)
+                return self._give_up(run, slot, k)
+
+    def _give_up(self, run: ShardRun, slot: EnvSlot, k: int) -> bool:
+        """Episode `k` was abandoned. Staying: move past it (True). Leaving: keep the cursor,
+        so the next owner replays it with the same seed (False ends the env task)."""
+        if self._leaving(run):
+            return False
+        slot.k = k + 1
+        return True
 
     async def _play_with_retries(self, run: ShardRun, slot: EnvSlot) -> dict | None:
         attempts = self.config.env_max_retries + 1

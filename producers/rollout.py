@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,6 @@ class EnvSlot:
     env: Any
     k: int = 0
     round: int = 0
-    failures: int = field(default=0, repr=False)
     threaded: bool = False  # reset/step in a worker thread (an env that blocks)
 
 

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 
 from producers.producer import Producer
 from schemas.config import RolloutConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without the variables that would point a command at another run."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("ROLLSTREAM_REDIS_URL", "REDIS_URL", "ROLLSTREAM_RUN")}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m rollstream ARGS` from the repo root (with `clean_env()` unless given)."""
+    return subprocess.run([sys.executable, "-m", "rollstream", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=timeout,
+                          env=clean_env() if env is None else env)
 
 
 def small_config(**overrides: Any) -> RolloutConfig:

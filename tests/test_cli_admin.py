@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from helpers import run_cli as cli
 from helpers import small_config
 
 from consumer import Batcher
 from schemas.keys import Keys
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("ROLLSTREAM_REDIS_URL", "REDIS_URL", "ROLLSTREAM_RUN")}
-    return subprocess.run([sys.executable, "-m", "rollstream", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=timeout, env=env)
 
 
 def test_pause_resume_and_status(r, run, redis_url):

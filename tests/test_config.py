@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import run_cli
 
 from schemas.config import RolloutConfig, resolve_redis_url, resolve_run
 from schemas.errors import ConfigError
@@ -171,12 +169,6 @@ def test_redis_url_and_run_resolution(monkeypatch):
     monkeypatch.setenv("ROLLSTREAM_RUN", "exp9")
     assert resolve_run(None) == "exp9"
     assert resolve_run("given") == "given"
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("ROLLSTREAM_REDIS_URL", "REDIS_URL")}
-    return subprocess.run([sys.executable, "-m", "rollstream", *args], capture_output=True,
-                          text=True, cwd=ROOT, env=env, timeout=60)
 
 
 def test_cli_config_check_json_prints_the_exact_layout():

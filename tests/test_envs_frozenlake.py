@@ -13,7 +13,7 @@ from producers.envs import FrozenLakeEnv, make_env
 from schemas.envspec import DEFAULT_CUSTOM_ENVS, FROZENLAKE_ID
 
 CONFIG = DEFAULT_CUSTOM_ENVS["FrozenLake"]["env_config"]
-VOCAB = {
+VOCAB = {  # the documented vocabulary, written out here as the test's oracle
     "player": "P",
     "frozen": "_",
     "hole": "O",

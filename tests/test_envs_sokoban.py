@@ -20,7 +20,7 @@ from producers.envs import SokobanEnv, make_env
 from schemas.envspec import DEFAULT_CUSTOM_ENVS, SOKOBAN_ID
 
 SOKOBAN_TAGS = [tag for tag, spec in DEFAULT_CUSTOM_ENVS.items() if spec["env_id"] == SOKOBAN_ID]
-DEFAULT_VOCAB = {
+DEFAULT_VOCAB = {  # the documented vocabulary, written out here as the test's oracle
     "wall": "#",
     "empty": "_",
     "target": "O",

@@ -15,7 +15,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import small_config, wait_for
+from helpers import clean_env, small_config, wait_for
+from helpers import run_cli as cli
 
 from consumer import Batcher
 from producers.envs import make_env
@@ -144,19 +145,8 @@ def test_sigkill_mid_episode_loses_nothing_and_doubles_nothing(r, run, producer_
     assert survivor.returncode == 0
 
 
-def cli(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rollstream", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=timeout, env=env)
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if k not in ("ROLLSTREAM_REDIS_URL", "REDIS_URL", "ROLLSTREAM_RUN")}
-
-
 def test_rollstream_up_two_steps_on_the_embedded_server():
-    out = cli("up", "--config", "configs/frozenlake_sync.yaml", "--steps", "2",
-              env=clean_env())
+    out = cli("up", "--config", "configs/frozenlake_sync.yaml", "--steps", "2")
     assert out.returncode == 0, out.stderr
     steps = [line for line in out.stdout.splitlines() if line.startswith("step")]
     assert len(steps) == 2 and "trajs   128" in steps[0]
@@ -169,7 +159,7 @@ def test_rollstream_up_two_steps_on_the_embedded_server():
 
 def test_rollstream_up_with_a_url_leaves_no_producer_behind(r, run, redis_url):
     out = cli("up", "--config", "configs/frozenlake_async.yaml", "--steps", "3",
-              "--redis-url", redis_url, "--run", run, "--producers", "2", env=clean_env())
+              "--redis-url", redis_url, "--run", run, "--producers", "2")
     assert out.returncode == 0, out.stderr
     assert len([x for x in out.stdout.splitlines() if x.startswith("step")]) == 3
     keys = Keys(run)
