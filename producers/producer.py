@@ -29,7 +29,7 @@ from producers.rollout import Abandoned, EnvSlot, failed_trajectory, play_episod
 from schemas.backoff import Backoff
 from schemas.codec import encode_trajectory
 from schemas.config import RolloutConfig
-from schemas.errors import ConfigError
+from schemas.errors import ConfigError, PolicyError
 from schemas.keys import Keys
 from schemas.protocol import Schedule
 
@@ -103,6 +103,9 @@ class Producer:
         except ConfigError as exc:
             logger.error("producer %s: the published config cannot run: %s",
                          self.producer_id, exc)
+            return 1
+        except PolicyError as exc:
+            logger.error("producer %s: %s", self.producer_id, exc)
             return 1
         return 0
 
@@ -180,6 +183,9 @@ class Producer:
         assert self._stop is not None
         self.config = config
         self.policy: Policy = self._policy_override or make_policy(config.policy)
+        start = getattr(self.policy, "start", None)
+        if start is not None:
+            await start()  # PolicyError: the producer exits 1 with that line
         self.schedules = {m: Schedule(config.episodes_per_step(m), config.ratio)
                           for m in config.modes()}
         self.state = ControlState()
@@ -203,6 +209,9 @@ class Producer:
             await self._lease_loop(deadline)
         finally:
             await self._shutdown(background)
+            close = getattr(self.policy, "close", None)
+            if close is not None:
+                await close()
 
     async def _first_refresh(self, watcher: ControlWatcher) -> None:
         assert self._stop is not None

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from producers.control import ControlState
-from producers.policies import Policy, StepContext
+from producers.policies import Policy, StepContext, Turn
 from schemas.codec import SCHEMA_VERSION, traj_ids
 from schemas.seeding import episode_seed
 
@@ -125,12 +125,19 @@ async def play_episode(
             if not await gate():
                 raise Abandoned(f"episode {k} of env {slot.env_id}")
         step_version = ctx.version = control.version
-        if version_start is None:
-            version_start = step_version
+        ctx.turn = len(steps)
         t0 = time.perf_counter()
         chosen = act_now(observation, ctx) if act_now is not None else None
         action, response = chosen if chosen is not None else await policy.act(observation, ctx)
         policy_s += time.perf_counter() - t0
+        turn_fields: dict[str, Any] | None = None
+        if isinstance(response, Turn):
+            turn_fields = response.wire_fields()
+            if response.version is not None:
+                step_version = response.version  # the weights that really generated it
+            response = response.text
+        if version_start is None:
+            version_start = step_version
         if response is not None and text_step is not None:
             step_fn, arg = text_step, response  # the env parses the model's reply
         else:
@@ -149,6 +156,8 @@ async def play_episode(
         }
         if response is not None:
             step["response"] = response
+        if turn_fields:
+            step.update(turn_fields)
         steps.append(step)
         score += reward
         observation = next_obs

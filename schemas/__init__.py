@@ -5,10 +5,16 @@ admission/expiry schedule live here once; producers and consumer both import the
 """
 
 from schemas.codec import SCHEMA_VERSION, decode_trajectory, encode_trajectory
-from schemas.config import EnvManagerConfig, PolicyConfig, RolloutConfig
+from schemas.config import EnvManagerConfig, RolloutConfig
 from schemas.envspec import EnvSpec
 from schemas.errors import BatchTimeout, ConfigError, DecodeError, RollstreamError
 from schemas.keys import Keys
+from schemas.policy import (
+    OpenAIPolicyConfig,
+    PolicyConfig,
+    PythonPolicyConfig,
+    RandomPolicyConfig,
+)
 from schemas.protocol import Schedule
 from schemas.seeding import episode_seed
 
@@ -20,7 +26,10 @@ __all__ = [
     "EnvManagerConfig",
     "EnvSpec",
     "Keys",
+    "OpenAIPolicyConfig",
     "PolicyConfig",
+    "PythonPolicyConfig",
+    "RandomPolicyConfig",
     "RolloutConfig",
     "RollstreamError",
     "Schedule",

@@ -16,6 +16,9 @@ from schemas.errors import DecodeError
 
 SCHEMA_VERSION = 1
 ENTRY_FIELD = b"data"  # the stream entry field holding the message
+# Step fields that may carry numpy arrays (an env's observation and action, an LLM turn's
+# token ids and logprobs); the decoder restores arrays there and nowhere else.
+STEP_ARRAY_FIELDS = ("observation", "action", "prompt_ids", "response_ids", "logprobs")
 
 # Fields every trajectory message carries (the decoder refuses a message missing one).
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -109,11 +112,9 @@ def decode_trajectory(data: bytes) -> dict[str, Any]:
     for step in msg["steps"]:
         if type(step) is not dict or "action" not in step or "reward" not in step:
             raise DecodeError("a step lacks 'action' or 'reward'")
-        obs, action = step.get("observation"), step["action"]
-        if type(obs) is dict:
-            step["observation"] = _as_array(obs)
-        if type(action) is dict:
-            step["action"] = _as_array(action)
+        for name in STEP_ARRAY_FIELDS:
+            if type(step.get(name)) is dict:
+                step[name] = _as_array(step[name])
     if type(msg.get("final_observation")) is dict:
         msg["final_observation"] = _as_array(msg["final_observation"])
     return msg

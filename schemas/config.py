@@ -13,7 +13,7 @@ import math
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import (
@@ -29,6 +29,13 @@ from pydantic import (
 
 from schemas.envspec import DEFAULT_CUSTOM_ENVS, EnvSpec
 from schemas.errors import ConfigError
+from schemas.policy import (
+    POLICY_TYPES,
+    PolicyConfig,
+    PythonPolicyConfig,
+    RandomPolicyConfig,
+    policy_known_keys,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +116,6 @@ class EnvManagerConfig(BaseModel):
     def member_of_env(self, env_id: int) -> int:
         return env_id % self.members
 
-    def shard_of_env(self, env_id: int) -> int:
-        return env_id // self.max_env_num_per_worker
-
     def envs_of_shard(self, shard: int) -> range:
         start = shard * self.max_env_num_per_worker
         return range(start, min(start + self.max_env_num_per_worker, self.num_envs))
@@ -125,17 +129,6 @@ class EnvManagerConfig(BaseModel):
             "group_size": self.group_size,
             "tags": {tag: list(span) for tag, span in self.tag_ranges.items()},
         }
-
-
-class PolicyConfig(BaseModel):
-    """Which policy the producers run. `random`: uniform actions, seeded per episode/member."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    type: Literal["random"] = "random"
-    latency_s: float = Field(
-        default=0.0, ge=0, description="simulated model latency per action (benchmarks, tests)"
-    )
 
 
 class RolloutConfig(BaseModel):
@@ -156,7 +149,7 @@ class RolloutConfig(BaseModel):
     train_env_manager: EnvManagerConfig
     val_env_manager: EnvManagerConfig | None = None
     custom_envs: dict[str, EnvSpec] = Field(default_factory=dict, validate_default=True)
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    policy: PolicyConfig = Field(default_factory=RandomPolicyConfig)
     redis_url: str | None = None
     run: str = DEFAULT_RUN
     lease_ttl_s: float = Field(default=10.0, gt=0, description="shard lease ttl; a dead "
@@ -164,6 +157,13 @@ class RolloutConfig(BaseModel):
     env_max_retries: NonNegativeInt = Field(
         default=2, description="retries of an episode whose env raised, then it commits failed"
     )
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _default_policy_type(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "type" not in value:
+            return {"type": "random", **value}
+        return value
 
     @field_validator("custom_envs", mode="before")
     @classmethod
@@ -245,20 +245,28 @@ class RolloutConfig(BaseModel):
 
     # -- loading ---------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: Any, *, source: str = "config") -> RolloutConfig:
-        """Validate a parsed config; unknown keys are dropped with one warning listing them."""
+    def from_dict(cls, data: Any, *, source: str = "config", base_dir: Path | None = None,
+                  warn: bool = True) -> RolloutConfig:
+        """Validate a parsed config; unknown keys are dropped with one warning listing them.
+
+        `base_dir` (the config file's folder) resolves a python policy's relative file
+        entrypoint; `warn=False` for a config already checked where it was written."""
+        if data is None:
+            raise ConfigError(f"{source}: the config is empty")
         if not isinstance(data, dict):
-            raise ConfigError(f"{source}: expected a mapping at the top level, got "
-                              f"{type(data).__name__}")
+            raise ConfigError(f"{source}: expected a mapping of config keys at the top level, "
+                              f"got a {type(data).__name__}")
         cleaned, unknown = _drop_unknown(data)
-        if unknown:
+        if unknown and warn:
             logger.warning("%s: ignoring unknown config keys: %s", source, ", ".join(unknown))
         try:
             config = cls.model_validate(cleaned)
         except ValidationError as exc:
             raise ConfigError(f"{source}: {_describe(exc)}") from None
+        if base_dir is not None and isinstance(config.policy, PythonPolicyConfig):
+            object.__setattr__(config, "policy", config.policy.resolved(base_dir))
         val = config.val_env_manager
-        if val is not None and val.group_size > 1:
+        if warn and val is not None and val.group_size > 1:
             logger.warning("%s: val_env_manager.group_size is %d; 1 is usual for validation "
                            "(temperature 0 gives identical answers within a group)",
                            source, val.group_size)
@@ -274,14 +282,14 @@ class RolloutConfig(BaseModel):
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        return cls.from_dict(data, source=str(path))
+            raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+        return cls.from_dict(data, source=str(path), base_dir=path.resolve().parent)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RolloutConfig:
-        """The resolved config as published in Redis (no unknown keys expected)."""
+        """The resolved config as published in Redis (checked when it was loaded)."""
         try:
-            return cls.from_dict(json.loads(text), source="published config")
+            return cls.from_dict(json.loads(text), source="published config", warn=False)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"published config: not valid JSON: {exc}") from None
 
@@ -305,7 +313,6 @@ def _is_gym_id(tag: str) -> bool:
 # Keys each section understands; anything else in a ROLL YAML is ignored with a warning.
 _MANAGER_KEYS = set(EnvManagerConfig.model_fields)
 _SPEC_KEYS = set(EnvSpec.model_fields)
-_POLICY_KEYS = set(PolicyConfig.model_fields)
 
 
 def _drop_unknown(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -314,7 +321,11 @@ def _drop_unknown(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     cleaned = {k: v for k, v in data.items() if k in known_top}
     for section in ("train_env_manager", "val_env_manager"):
         cleaned[section] = _drop_section(cleaned, section, _MANAGER_KEYS, unknown)
-    cleaned["policy"] = _drop_section(cleaned, "policy", _POLICY_KEYS, unknown)
+    policy = cleaned.get("policy")
+    if isinstance(policy, dict):
+        known = policy_known_keys(policy)
+        if known is not None:
+            cleaned["policy"] = _drop_section(cleaned, "policy", known, unknown)
     envs = cleaned.get("custom_envs")
     if isinstance(envs, dict):
         cleaned["custom_envs"] = {
@@ -335,12 +346,27 @@ def _drop_section(
     return {k: v for k, v in section.items() if k in known}
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong and where (PyYAML's own text spans lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"
+
+
 def _describe(exc: ValidationError) -> str:
-    """Pydantic errors as `field.path: message`, one per line."""
+    """Pydantic errors as `field.path: message`, joined by '; '."""
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(part) for part in err["loc"])
+        parts = [str(part) for part in err["loc"]]
+        if parts[:1] == ["policy"] and len(parts) > 1 and parts[1] in POLICY_TYPES:
+            del parts[1]  # the union's tag, not a key of the user's file
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "union_tag_invalid":
+            parts.append("type")
+            msg = (f"{err['input'].get('type')!r} is not one of "
+                   f"{', '.join(POLICY_TYPES)}")
+        loc = ".".join(parts)
         lines.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(lines)
 

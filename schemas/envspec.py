@@ -82,8 +82,3 @@ DEFAULT_CUSTOM_ENVS: dict[str, dict[str, Any]] = {
         "env_config": {"size": 4, "p": 0.8, "is_slippery": False, "max_steps": 10},
     },
 }
-
-
-def default_env_specs() -> dict[str, EnvSpec]:
-    """Fresh `EnvSpec`s for the four seed tags."""
-    return {tag: EnvSpec.model_validate(spec) for tag, spec in DEFAULT_CUSTOM_ENVS.items()}

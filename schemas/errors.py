@@ -21,3 +21,17 @@ class BatchTimeout(RollstreamError, TimeoutError):
 
 class RedisSetupError(RollstreamError):
     """The Redis server could not be reached or started; the message names the URL."""
+
+
+class PolicyError(RollstreamError):
+    """A policy that cannot be built or started (a bad entrypoint, a model no server knows);
+    the producer exits 1 with this one line."""
+
+
+class RunConflict(ConfigError):
+    """A run name already in use with a config that cannot resume it; names the differences
+    and the command that resets the run."""
+
+
+class VersionConflict(RollstreamError):
+    """`publish_version(v)` when the run is not at v - 1 (nor already at v)."""

@@ -1,13 +1,30 @@
-"""Policies: what picks the next action. Built from the config by `make_policy`."""
+"""Policies: what picks the next action. Built from the config by `make_policy`.
+
+The protocol a policy follows (only `act` is required):
+
+- `async act(observation, ctx) -> (action, response)`: `response` is None (no model text),
+  the model's reply as a `str`, or a `Turn` (the reply with its token ids, logprobs and the
+  weight version that generated it). With a response and a text env, the env parses the
+  reply itself (`step_text`), so a malformed answer gets the env's format penalty.
+- `act_now(observation, ctx)`: the same pair without an await, or None to fall back to
+  `act`; a random or numpy policy then costs no coroutine per step.
+- `async start()`: once, before any episode (check servers, load a model); raise
+  `PolicyError` to make the producer exit 1 with that one line.
+- `async close()`: once, when the producer stops.
+
+The version a step records is the `Turn`'s own `version` when the policy knows it (an
+inference server reported it), else `ctx.version`: the version the producer acts with.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
-from schemas.config import PolicyConfig
+from schemas.policy import PolicyConfig
 from schemas.seeding import member_seed
 
 
@@ -17,12 +34,13 @@ class StepContext:
 
     env: Any  # the gymnasium env (its action_space; `unwrapped.instruction` for text envs)
     seed: int  # the episode's env seed (shared by the group)
-    version: int  # the policy version the producer knows now
+    version: int  # the policy version the producer acts with now
     mode: str
     group_id: int
     episode_id: int
     member: int
     tag: str
+    turn: int = 0  # index of the action within the episode
     scratch: dict[str, Any] = field(default_factory=dict)  # the policy's per-episode state
     _rng: np.random.Generator | None = field(default=None, repr=False)
 
@@ -34,21 +52,59 @@ class StepContext:
         return self._rng
 
 
+@dataclass
+class Turn:
+    """A model's reply to one turn, with what a trainer needs to learn from it token by
+    token: the prompt and response token ids as the server saw and produced them, the
+    response logprobs, and the weight version that generated it."""
+
+    text: str
+    prompt_ids: Sequence[int] | None = None
+    response_ids: Sequence[int] | None = None
+    logprobs: Sequence[float] | None = None
+    finish_reason: str | None = None
+    server: str | None = None  # base URL of the server that answered
+    latency_s: float | None = None
+    version: int | None = None  # weight version that generated it, where known
+    version_source: str | None = None  # how `version` is known: server, recorded, producer
+    extra: dict[str, Any] = field(default_factory=dict)  # more step fields for the wire
+
+    def wire_fields(self) -> dict[str, Any]:
+        """The step's fields besides `response` and `version` (token arrays as numpy)."""
+        out: dict[str, Any] = {}
+        if self.prompt_ids is not None:
+            out["prompt_ids"] = np.asarray(self.prompt_ids, dtype=np.int32)
+        if self.response_ids is not None:
+            out["response_ids"] = np.asarray(self.response_ids, dtype=np.int32)
+        if self.logprobs is not None:
+            out["logprobs"] = np.asarray(self.logprobs, dtype=np.float32)
+        for name in ("finish_reason", "server", "latency_s", "version_source"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        out.update(self.extra)
+        return out
+
+
 class Policy(Protocol):
-    """`act` returns (action, response): the env action and the raw model text, if any.
+    """See the module docstring: `act` is required, the rest optional."""
 
-    With a response and a text env, the env parses the response itself (`step_text`), so a
-    malformed answer gets the env's format penalty. A policy may also define
-    `act_now(observation, ctx)`, returning the same pair without an await (or None to fall
-    back to `act`): a random or numpy policy then costs no coroutine per step.
-    """
-
-    async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None]: ...
+    async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | Turn | None]:
+        ...
 
 
 def make_policy(config: PolicyConfig) -> Policy:
-    from producers.policies.random import RandomPolicy
-
+    """The policy a config names; `PolicyError` (one line) when it cannot be built."""
     if config.type == "random":
-        return RandomPolicy(latency_s=config.latency_s)
+        from producers.policies.random import RandomPolicy
+
+        return RandomPolicy(latency_s=config.latency_s, latency_sigma=config.latency_sigma)
+    if config.type == "openai":
+        from producers.policies.openai import OpenAIPolicy
+
+        return OpenAIPolicy(config)
+    if config.type == "python":
+        from producers.policies.python import load_python_policy
+
+        return load_python_policy(config)
     raise ValueError(f"policy.type {config.type!r} has no implementation")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from typing import Any
 
@@ -14,12 +15,15 @@ from producers.policies import StepContext
 class RandomPolicy:
     """Samples the env's action space with the member's own generator; no model, no text.
 
-    `latency_s` > 0 waits that long per action, as a model server would (without blocking
-    the other envs of the producer).
+    `latency_s` > 0 waits per action, as a model server would (without blocking the other
+    envs of the producer): `latency_s * exp(latency_sigma * z)` with z standard normal, a
+    lognormal tail like LLM decoding lengths. The latency has its own generator per
+    (episode, member), so the actions are exactly those drawn without latency.
     """
 
-    def __init__(self, latency_s: float = 0.0):
+    def __init__(self, latency_s: float = 0.0, latency_sigma: float = 0.0):
         self.latency_s = latency_s
+        self.latency_sigma = latency_sigma
 
     def act_now(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None] | None:
         """The action without an await (no latency to simulate), else None: use `act`.
@@ -31,8 +35,18 @@ class RandomPolicy:
 
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None]:
         if self.latency_s > 0:
-            await asyncio.sleep(self.latency_s)
+            await asyncio.sleep(self.latency(ctx))
         return self._sample(ctx)
+
+    def latency(self, ctx: StepContext) -> float:
+        """The next action's latency, from the (episode, member)'s own latency stream."""
+        if self.latency_sigma == 0:
+            return self.latency_s
+        stream = ctx.scratch.get("latency")
+        if stream is None:
+            stream = ctx.scratch["latency"] = random.Random(
+                (ctx.seed * 1_000_003 + ctx.member) ^ 0x5DEECE66D)
+        return self.latency_s * math.exp(self.latency_sigma * stream.gauss(0.0, 1.0))
 
     def _sample(self, ctx: StepContext) -> tuple[Any, str | None]:
         space = ctx.env.action_space

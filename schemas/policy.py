@@ -1,0 +1,134 @@
+"""Policy configs: which policy the producers run, one model per `type`.
+
+`policy:` in a config is one of these, chosen by its `type` (default `random`):
+- `random`: uniform actions, seeded per episode and member, with an optional simulated
+  model latency (`latency_s`, heavy-tailed with `latency_sigma`);
+- `openai`: an LLM behind one or more OpenAI-compatible servers (vLLM, SGLang, a router);
+- `python`: a user's own policy, built by `entrypoint` with the block's other keys.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    field_validator,
+)
+
+
+class RandomPolicyConfig(BaseModel):
+    """Uniform random actions; `latency_s` waits per action as a model server would."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["random"] = "random"
+    latency_s: float = Field(
+        default=0.0, ge=0, description="simulated model latency per action (median, seconds)"
+    )
+    latency_sigma: float = Field(
+        default=0.0, ge=0,
+        description="heavy tail: each action waits latency_s * exp(latency_sigma * z), "
+        "z standard normal from the (episode, member)'s own generator",
+    )
+
+
+class OpenAIPolicyConfig(BaseModel):
+    """An LLM served by OpenAI-compatible servers. The API key is read from the environment
+    variable `api_key_env` names; the key itself never enters the config."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["openai"]
+    base_urls: list[str] = Field(
+        min_length=1, description="OpenAI-style base URLs (http://host:8000/v1): servers or "
+        "one router")
+    model: str = Field(min_length=1, description="the served model name")
+    api_key_env: str | None = Field(
+        default=None, description="name of the environment variable holding the API key")
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=-1, description="-1: no top-k")
+    max_tokens: PositiveInt = Field(
+        default=512, description="per turn; a tag's max_tokens_per_step overrides it")
+    val_temperature: float = Field(default=0.0, ge=0, description="temperature of val rounds")
+    max_inflight: PositiveInt = Field(default=1024, description="requests in flight per producer")
+    timeout_s: float = Field(default=600.0, gt=0, description="per request")
+    max_retries: NonNegativeInt = Field(
+        default=3, description="retries of a transient failure on one server before another")
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict, description="passed through in every request body")
+    require_version: bool = Field(
+        default=False, description="send a turn only to a server whose weight version is "
+        "within the run's staleness bound; wait otherwise")
+
+    @field_validator("base_urls", mode="before")
+    @classmethod
+    def _one_url(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("base_urls")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return [url.rstrip("/") for url in urls]
+
+
+class PythonPolicyConfig(BaseModel):
+    """A user's policy: `entrypoint` is `package.module:factory` or `path/to/file.py:factory`
+    (a relative file is resolved against the config file's folder); every other key of the
+    block is passed to the factory as a keyword argument."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: Literal["python"]
+    entrypoint: str = Field(min_length=3)
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _has_attribute(cls, value: str) -> str:
+        target, sep, attr = value.rpartition(":")
+        if not sep or not target or not attr.isidentifier():
+            raise ValueError(f"{value!r} must be 'package.module:factory' or "
+                             "'path/to/file.py:factory'")
+        return value
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The block's other keys: the factory's keyword arguments."""
+        return dict(self.model_extra or {})
+
+    def resolved(self, base_dir: Path) -> PythonPolicyConfig:
+        """This config with a relative `file.py` entrypoint made absolute against `base_dir`."""
+        target, _, attr = self.entrypoint.rpartition(":")
+        if not target.endswith(".py") or Path(target).is_absolute():
+            return self
+        path = (base_dir / target).resolve()
+        return self.model_copy(update={"entrypoint": f"{path}:{attr}"})
+
+
+PolicyConfig = Annotated[
+    RandomPolicyConfig | OpenAIPolicyConfig | PythonPolicyConfig,
+    Field(discriminator="type"),
+]
+POLICY_TYPES: dict[str, type[BaseModel]] = {
+    "random": RandomPolicyConfig,
+    "openai": OpenAIPolicyConfig,
+    "python": PythonPolicyConfig,
+}
+
+
+def policy_known_keys(section: dict[str, Any]) -> set[str] | None:
+    """The keys a policy block of this type understands; None: every key is kept (the python
+    policy's keys are its factory's arguments, and an unknown type fails validation)."""
+    model = POLICY_TYPES.get(str(section.get("type", "random")))
+    if model is None or model is PythonPolicyConfig:
+        return None
+    return set(model.model_fields)
