@@ -182,7 +182,7 @@ class Batcher:
             raise RunConflict(
                 f"run {run!r} already exists with a different config ({'; '.join(conflicts)}); "
                 f"use another run name, or reset it: rollstream reset --run {run}")
-        if published != self.config and self._owns_config:
+        if published.to_json() != self.config.to_json() and self._owns_config:
             logger.warning("run %s: replacing its published config (policy or env settings "
                            "changed); restart running producers so they read it", self.keys.run)
 

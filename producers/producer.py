@@ -29,7 +29,8 @@ from producers.rollout import Abandoned, EnvSlot, failed_trajectory, play_episod
 from schemas.backoff import Backoff
 from schemas.codec import encode_trajectory
 from schemas.config import RolloutConfig
-from schemas.errors import ConfigError, PolicyError
+from schemas.connection import async_client, auth_message, is_auth_error, mask_url
+from schemas.errors import ConfigError, PolicyError, RedisSetupError
 from schemas.keys import Keys
 from schemas.protocol import Schedule
 
@@ -82,6 +83,7 @@ class Producer:
         self._stop: asyncio.Event | None = None
         self._stop_requested = False
         self._main_task: asyncio.Task[None] | None = None
+        self._deadline: float | None = None  # monotonic time `seconds` runs out
         self._live = 0  # live producers at the last heartbeat (0: not joined yet)
         self._short_streak = 0  # heartbeats in a row that ended below the fair share
         self._handovers: set[asyncio.Task[None]] = set()
@@ -104,7 +106,7 @@ class Producer:
             logger.error("producer %s: the published config cannot run: %s",
                          self.producer_id, exc)
             return 1
-        except PolicyError as exc:
+        except (PolicyError, RedisSetupError) as exc:
             logger.error("producer %s: %s", self.producer_id, exc)
             return 1
         return 0
@@ -124,8 +126,9 @@ class Producer:
             self._stop.set()
         if self.handle_signals:
             self._install_signals()
-        redis = Redis.from_url(self.redis_url, socket_timeout=10, socket_connect_timeout=5,
-                               health_check_interval=15)
+        self._deadline = None if self.seconds is None else time.monotonic() + self.seconds
+        redis = async_client(self.redis_url, socket_timeout=10, socket_connect_timeout=5,
+                             health_check_interval=15)
         try:
             config = await self._wait_config(redis)
             if config is not None:
@@ -154,23 +157,32 @@ class Producer:
         self._stop.set()
 
     async def _wait_config(self, redis: Redis) -> RolloutConfig | None:
+        """The run's config once a trainer has published it; None when stopped first (or
+        `seconds` ran out). Wrong credentials end the producer (`RedisSetupError`)."""
         assert self._stop is not None
+        where = mask_url(self.redis_url)
         backoff = Backoff(name=f"producer {self.producer_id}")
         logged = False
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._out_of_time():
             try:
                 raw = await redis.get(self.keys.config)
                 backoff.reset()
             except RedisError as exc:
-                await backoff.sleep(f"cannot read the config at {self.redis_url}: {exc}")
+                if is_auth_error(exc):
+                    raise RedisSetupError(auth_message(self.redis_url)) from None
+                await backoff.sleep(f"cannot read the config at {where}: {exc}")
                 continue
             if raw is not None:
                 return RolloutConfig.from_json(raw)
             if not logged:
-                logger.info("waiting for the config at %s", self.keys.config)
+                logger.info("producer %s: waiting for run %s's config at %s (a trainer "
+                            "publishes it)", self.producer_id, self.keys.run, where)
                 logged = True
             await self._sleep(0.5)
         return None
+
+    def _out_of_time(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
 
     async def _sleep(self, seconds: float) -> None:
         assert self._stop is not None
@@ -203,10 +215,10 @@ class Producer:
             await asyncio.wait_for(watcher.subscribed.wait(), 5.0)
         except asyncio.TimeoutError:
             logger.warning("control channel not subscribed after 5s; relying on heartbeats")
-        deadline = None if self.seconds is None else time.monotonic() + self.seconds
-        logger.info("producer %s serving run %s", self.producer_id, self.keys.run)
+        logger.info("producer %s: serving run %s at %s", self.producer_id, self.keys.run,
+                    mask_url(self.redis_url))
         try:
-            await self._lease_loop(deadline)
+            await self._lease_loop()
         finally:
             await self._shutdown(background)
             close = getattr(self.policy, "close", None)
@@ -228,7 +240,7 @@ class Producer:
         return [(mode, s) for mode in self.config.modes()
                 for s in range(self.config.manager(mode).num_shards)]
 
-    async def _lease_loop(self, deadline: float | None) -> None:
+    async def _lease_loop(self) -> None:
         assert self._stop is not None
         backoff = Backoff(name="lease heartbeat")
         interval = self.config.lease_ttl_s / 3
@@ -238,7 +250,7 @@ class Producer:
                                "starts the run again resumes it", self.keys.run)
                 self._stop.set()
                 break
-            if deadline is not None and time.monotonic() >= deadline:
+            if self._out_of_time():
                 self._stop.set()
                 break
             self.watcher.leases_changed.clear()

@@ -2,6 +2,6 @@
 
 import sys
 
-from rollstream.cli import main
+from rollstream.entry import main
 
 sys.exit(main())

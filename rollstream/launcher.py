@@ -21,8 +21,9 @@ from typing import TextIO
 import redis
 
 from consumer import Batch, Batcher
-from rollstream.embedded import EmbeddedRedis, die_with_parent
+from rollstream.embedded import EmbeddedRedis, spawn
 from schemas.config import RolloutConfig
+from schemas.connection import mask_url, sync_client
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +49,12 @@ def default_producers(config: RolloutConfig) -> int:
 
 
 def start_producers(url: str, run: str, count: int, log_level: str) -> list[subprocess.Popen]:
-    """Producer processes in their own session (a terminal's Ctrl+C reaches only us)."""
-    cmd = [sys.executable, "-m", "rollstream", "--log-level", log_level, "produce",
-           "--redis-url", url, "--run", run]
-    return [subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent)
-            for _ in range(count)]
+    """Producer processes in their own session (a terminal's Ctrl+C reaches only us). The URL
+    and run travel in their environment, never on argv (`ps` shows argv; a URL can hold a
+    password)."""
+    cmd = [sys.executable, "-m", "rollstream", "--log-level", log_level, "produce"]
+    env = {**os.environ, "ROLLSTREAM_REDIS_URL": url, "ROLLSTREAM_RUN": run}
+    return [spawn(cmd, env=env) for _ in range(count)]
 
 
 def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 15.0) -> list[int]:
@@ -167,10 +169,10 @@ def up(opts: UpOptions, out: TextIO = sys.stdout) -> int:
 
 def _up(opts: UpOptions, count: int, out: TextIO) -> int:
     with redis_server(opts.redis_url) as url:
-        client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
+        client = sync_client(url, socket_timeout=30, socket_connect_timeout=5)
         procs = start_producers(url, opts.run, count, opts.log_level)  # they await the config
         try:
-            header = (f"rollstream up: run {opts.run!r} at {url}, {count} producer(s), "
+            header = (f"rollstream up: run {opts.run!r} at {mask_url(url)}, {count} producer(s), "
                       f"{_mode(opts.config)}")
             status = train_session(client, opts, header, out)
         finally:
@@ -189,8 +191,7 @@ def train(opts: UpOptions, out: TextIO = sys.stdout) -> int:
     assert opts.redis_url, "train needs a Redis URL"
     try:
         with interrupt_signals():
-            client = redis.Redis.from_url(opts.redis_url, socket_timeout=30,
-                                          socket_connect_timeout=5)
+            client = sync_client(opts.redis_url, socket_timeout=30, socket_connect_timeout=5)
             try:
                 return train_session(client, opts, f"rollstream train: run {opts.run!r}, "
                                      f"{_mode(opts.config)}, producers elsewhere", out)

