@@ -180,11 +180,16 @@ def test_an_episode_replayed_after_a_takeover_is_in_the_streams_once(
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
     survivor = producer_thread().producer
-    wait_for(lambda: [int(v) for v in r.hmget(keys.cursor("train"), "0", "1", "2", "3")]
-             == [4, 4, 4, 4], timeout_s=30, what="the survivor to finish every episode")
-    messages = stream_messages(r, keys, config)
+    every = {(env, k) for env in range(4) for k in range(4)}
+
+    def all_landed():
+        messages = stream_messages(r, keys, config)
+        return messages if {(m["env_id"], m["episode_id"]) for m in messages} == every else None
+
+    messages = wait_for(all_landed, timeout_s=30, what="every env's 4 episodes to land")
     counts = Counter((m["env_id"], m["episode_id"]) for m in messages)
-    assert counts == {(env, k): 1 for env in range(4) for k in range(4)}
+    assert counts == {pair: 1 for pair in every}
+    assert r.hmget(keys.cursor("train"), "0", "1", "2", "3") == [b"4"] * 4
     replayed = [m["producer"] for m in messages if m["traj_group_id"] == "train-0-2"]
     assert replayed == [survivor.producer_id] * 2
     assert any(f"-{victim.pid}-" in m["producer"] for m in messages)
@@ -329,8 +334,9 @@ def test_a_trajectory_in_the_stream_twice_is_delivered_once_and_its_copy_deleted
     config = batcher_config()
     keys = Keys(run)
     batcher = Batcher(r, config, run=run)
-    add_group(r, keys, "train", 0, 0, group_size=4)
-    add_trajectory(r, keys, "train", 0, 0, 2, group_size=4)  # member 2 again
+    add_group(r, keys, "train", 0, 0, group_size=4, members=[0, 1, 2])
+    add_trajectory(r, keys, "train", 0, 0, 2, group_size=4)  # member 2 again, before 3
+    add_trajectory(r, keys, "train", 0, 0, 3, group_size=4)
     batch = batcher.get_batch(n=4, timeout_s=5)
     assert batch.traj_ids == [f"train-0-0-{m}" for m in range(4)]
     batcher.ack(batch)
