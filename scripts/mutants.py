@@ -138,6 +138,20 @@ MUTANTS: tuple[Mutant, ...] = (
          "tests/test_rollout.py::test_two_batchers_split_the_groups"),
     ),
     Mutant(
+        "producer-retry-count", "producers/producer.py",
+        "attempts = self.config.env_max_retries + 1",
+        "attempts = self.config.env_max_retries + 2",
+        "an episode whose env raises is retried env_max_retries times, no more",
+        ("tests/test_rollout.py::test_failing_env_drops_its_group_and_counts_it",),
+    ),
+    Mutant(
+        "producer-retry-seed", "producers/producer.py",
+        "play_episode(\n                    slot, seed=self.config.seed,",
+        "play_episode(\n                    slot, seed=self.config.seed + attempt,",
+        "a retried episode is reset with the same seed",
+        ("tests/test_rollout.py::test_failing_env_drops_its_group_and_counts_it",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'
