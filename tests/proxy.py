@@ -10,7 +10,8 @@ otherwise:
     assert proxy.held.wait(10)              # evidence: such a request is held, unsent
     proxy.release()                         # send it on; the connection flows again
     assert proxy.replied.wait(10)           # Redis has answered the released request
-    proxy.lose_reply()                      # or: send it on, swallow the answer, cut the line
+    proxy.lose_reply(then_hold=marker)      # or: send it on, swallow the answer, cut the
+                                            # line (and hold the resend)
     proxy.drop()                            # or: cut every connection; held bytes are lost
     proxy.close()                           # also a context manager
 
@@ -234,8 +235,11 @@ class RedisProxy:
             if link is not None and not link.closed:
                 link.flush_held()
 
-    def lose_reply(self, timeout_s: float = 10.0) -> None:
-        """Send the held request on, wait for Redis's answer, throw it away, cut the line."""
+    def lose_reply(self, timeout_s: float = 10.0, *, then_hold: bytes | None = None) -> None:
+        """Send the held request on, wait for Redis's answer, throw it away, cut the line.
+
+        `then_hold` arms the next hold before the line is cut, so a client that resends at
+        once cannot slip past it."""
         with self.lock:
             self.marker = None
             link, self.held_link = self.held_link, None
@@ -245,6 +249,8 @@ class RedisProxy:
             link.flush_held()
         if not link.swallowed.wait(timeout_s):
             raise TimeoutError(f"lose_reply: Redis did not answer within {timeout_s}s")
+        if then_hold is not None:
+            self.hold(then_hold)
         link.close()
 
     def drop(self) -> None:

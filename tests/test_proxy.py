@@ -62,11 +62,14 @@ def test_lost_reply_runs_the_request_and_cuts_the_line(redis_url, r, key):
         proxy.hold(b"INCR")
         sock.sendall(command("INCR", key))
         assert proxy.held.wait(10)
-        proxy.lose_reply()
+        proxy.lose_reply(then_hold=b"INCR")
         assert sock.recv(100) == b""  # closed, with no answer
         assert r.get(key) == b"1"  # but it ran
         again = connect(proxy)  # new connections are accepted as before
-        again.sendall(command("INCR", key))
+        again.sendall(command("INCR", key))  # the resend is held
+        assert proxy.held.wait(10)
+        assert r.get(key) == b"1"
+        proxy.release()
         assert again.recv(100) == b":2\r\n"
 
 
