@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 from helpers import ProducerThread, small_config
+from proxy import RedisProxy
 
 from producers.producer import Producer
 from rollstream.embedded import EmbeddedRedis
@@ -96,3 +97,28 @@ def producer_process(redis_url: str, run: str) -> Iterator[Callable[..., subproc
             proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate(timeout=10)
         print(f"--- producer pid {proc.pid} exit {proc.returncode}:\n{out}")  # on failure
+
+
+@pytest.fixture
+def proxy(redis_url: str) -> Iterator[RedisProxy]:
+    """A loopback proxy in front of the test Redis (tests/proxy.py); closed at teardown."""
+    with RedisProxy(redis_url) as started:
+        yield started
+
+
+@pytest.fixture
+def producer_at(run: str) -> Iterator[Callable[..., ProducerThread]]:
+    """Like `producer_thread`, but the producer talks to the Redis URL it is given (a proxy)."""
+    started: list[ProducerThread] = []
+
+    def start(url: str, **kwargs: Any) -> ProducerThread:
+        kwargs.setdefault("handle_signals", False)
+        kwargs.setdefault("poll_interval_s", 0.05)
+        thread = ProducerThread(Producer(url, run, **kwargs)).start()
+        started.append(thread)
+        return thread
+
+    yield start
+    for thread in started:
+        if thread.thread.is_alive():
+            thread.stop()

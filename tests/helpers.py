@@ -14,7 +14,9 @@ from typing import Any
 import gymnasium as gym
 
 from producers.producer import Producer
+from schemas.codec import ENTRY_FIELD, decode_trajectory, encode_trajectory, traj_ids
 from schemas.config import RolloutConfig
+from schemas.keys import Keys
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,13 +88,18 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float = 15.0, interval_s: 
 
 
 class BrokenEnv(gym.Env):
-    """An env whose step always raises: its members must commit failed trajectories."""
+    """An env whose step always raises: its members must commit failed trajectories.
+
+    Every reset's seed is appended to `BrokenEnv.resets` (clear it first), so a test can
+    count the attempts and see that a retry reuses the episode's seed."""
 
     observation_space = gym.spaces.Discrete(2)
     action_space = gym.spaces.Discrete(2)
+    resets: list[int | None] = []
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
+        BrokenEnv.resets.append(seed)
         return 0, {}
 
     def step(self, action: int):
@@ -125,3 +132,78 @@ class SleepyEnv(gym.Env):
 SLEEPY_ENV_ID = "rollstream-test/Sleepy-v0"
 if SLEEPY_ENV_ID not in gym.registry:
     gym.register(id=SLEEPY_ENV_ID, entry_point="helpers:SleepyEnv")
+
+
+class OneStepEnv(gym.Env):
+    """An episode of exactly one step (reward 1): one policy call, then a commit."""
+
+    observation_space = gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action: int):
+        return 1, 1.0, True, False, {"success": True}
+
+
+ONE_STEP_ENV_ID = "rollstream-test/OneStep-v0"
+if ONE_STEP_ENV_ID not in gym.registry:
+    gym.register(id=ONE_STEP_ENV_ID, entry_point="helpers:OneStepEnv")
+
+
+def publish(batcher: Any) -> int:
+    """The trainer publishes the next policy version (one place to adapt to its signature)."""
+    return batcher.publish_version()
+
+
+def trajectory(mode: str, group_id: int, episode_id: int, member: int, *, group_size: int,
+               version_start: int = 0, round: int = 0, producer: str = "test",
+               **extra: Any) -> dict[str, Any]:
+    """A valid, hand-built trajectory message (one step) for a group of `group_size`."""
+    group_key, traj_key = traj_ids(mode, group_id, episode_id, member)
+    return {
+        "traj_id": traj_key, "traj_group_id": group_key, "mode": mode, "round": round,
+        "group_id": group_id, "episode_id": episode_id, "member": member,
+        "env_id": group_id * group_size + member, "tag": "FrozenLake", "seed": 1,
+        "version_start": version_start, "version_end": version_start, "episode_score": 1.0,
+        "success": True, "terminated": True, "truncated": False, "num_actions": 1,
+        "steps": [{"observation": "o", "action": 1, "reward": 1.0, "version": version_start,
+                   "info": {}}],
+        "producer": producer, **extra,
+    }
+
+
+def add_trajectory(r: Any, keys: Keys, mode: str, group_id: int, episode_id: int,
+                   member: int, *, group_size: int, **fields: Any) -> str:
+    """XADD a hand-built trajectory to its group stream, as a producer's commit would."""
+    msg = trajectory(mode, group_id, episode_id, member, group_size=group_size, **fields)
+    entry_id = r.xadd(keys.stream(mode, group_id), {ENTRY_FIELD: encode_trajectory(msg)})
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+
+def add_group(r: Any, keys: Keys, mode: str, group_id: int, episode_id: int, *,
+              group_size: int, members: Any = None, **fields: Any) -> None:
+    """XADD the given members (default: all) of one group's episode."""
+    for member in range(group_size) if members is None else members:
+        add_trajectory(r, keys, mode, group_id, episode_id, member, group_size=group_size,
+                       **fields)
+
+
+def stream_messages(r: Any, keys: Keys, config: RolloutConfig,
+                    mode: str = "train") -> list[dict[str, Any]]:
+    """Every message in the mode's group streams, read with XRANGE (not via a batcher)."""
+    out: list[dict[str, Any]] = []
+    for g in range(config.manager(mode).num_env_groups):
+        for _, fields in r.xrange(keys.stream(mode, g)):
+            out.append(decode_trajectory(fields[ENTRY_FIELD]))
+    return out
+
+
+def stream_lengths(r: Any, keys: Keys, config: RolloutConfig, mode: str = "train") -> list[int]:
+    """XLEN of every group stream of the mode."""
+    pipe = r.pipeline(transaction=False)
+    for g in range(config.manager(mode).num_env_groups):
+        pipe.xlen(keys.stream(mode, g))
+    return pipe.execute()

@@ -13,8 +13,8 @@ from helpers import run_cli
 from schemas.config import RolloutConfig, resolve_redis_url, resolve_run
 from schemas.errors import ConfigError
 
-SEED = Path(__file__).resolve().parents[2] / "shared" / "seed" / "env_managers.yaml"
 ROOT = Path(__file__).resolve().parents[1]
+SEED = ROOT / "tests" / "data" / "env_managers.yaml"  # the seed YAML, byte for byte
 
 
 def manager(**overrides):
@@ -29,14 +29,10 @@ def load(**top):
     return RolloutConfig.from_dict(top)
 
 
-def seed_path() -> Path:
-    if SEED.exists():
-        return SEED
-    return ROOT / "configs" / "seed_env_managers.yaml"  # same blocks, for a lone checkout
-
-
 def test_seed_yaml_loads_unchanged_with_the_documented_layout():
-    config = RolloutConfig.from_yaml(seed_path())
+    # the design document's file itself (its comments kept), not configs/' edited copy
+    assert "num_groups_partition: [128] # " in SEED.read_text(encoding="utf-8")
+    config = RolloutConfig.from_yaml(SEED)
     assert config.layout()["train"] == {
         "envs": 1024, "groups": 128, "shards": 64, "group_size": 8,
         "tags": {"FrozenLake": [0, 128]},
@@ -48,8 +44,6 @@ def test_seed_yaml_loads_unchanged_with_the_documented_layout():
 
 
 def test_seed_config_in_configs_matches_the_seed_blocks():
-    if not SEED.exists():
-        pytest.skip("shared/seed is not beside this checkout")
     ours = yaml.safe_load((ROOT / "configs" / "seed_env_managers.yaml").read_text())
     seed = yaml.safe_load(SEED.read_text())
     for block in ("train_env_manager", "val_env_manager"):
@@ -73,7 +67,7 @@ def test_missing_partition_splits_evenly_with_the_remainder_first():
 
 
 def test_batch_sizes_default_to_one_trajectory_per_env_group_member():
-    config = RolloutConfig.from_yaml(seed_path())
+    config = RolloutConfig.from_yaml(SEED)
     assert config.rollout_batch_size == 1024 and config.val_batch_size == 1024
     assert config.episodes_per_step("train") == 1
 
@@ -171,8 +165,28 @@ def test_redis_url_and_run_resolution(monkeypatch):
     assert resolve_run("given") == "given"
 
 
+def test_redis_url_and_run_fall_back_to_the_config(monkeypatch):
+    for name in ("ROLLSTREAM_REDIS_URL", "REDIS_URL", "ROLLSTREAM_RUN"):
+        monkeypatch.delenv(name, raising=False)
+    config = load(redis_url="redis://from-config:6379/3", run="cfgrun")
+    assert resolve_redis_url(None, config) == "redis://from-config:6379/3"
+    assert resolve_run(None, config) == "cfgrun"
+    assert resolve_redis_url(None) is None
+    assert resolve_redis_url(None, load()) is None
+    assert resolve_run(None) == "rollstream" == resolve_run(None, load())
+    monkeypatch.setenv("ROLLSTREAM_REDIS_URL", "")  # empty is unset
+    assert resolve_redis_url(None, config) == "redis://from-config:6379/3"
+    # anything earlier in the chain wins over the config
+    monkeypatch.setenv("REDIS_URL", "redis://env:1/0")
+    assert resolve_redis_url(None, config) == "redis://env:1/0"
+    monkeypatch.setenv("ROLLSTREAM_RUN", "envrun")
+    assert resolve_run(None, config) == "envrun"
+    assert resolve_redis_url("redis://flag:1/0", config) == "redis://flag:1/0"
+    assert resolve_run("flag", config) == "flag"
+
+
 def test_cli_config_check_json_prints_the_exact_layout():
-    out = run_cli("config", "check", str(seed_path()), "--json")
+    out = run_cli("config", "check", str(SEED), "--json")
     assert out.returncode == 0, out.stderr
     layout = json.loads(out.stdout)
     assert layout["train"] == {"envs": 1024, "groups": 128, "shards": 64, "group_size": 8,

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from helpers import BROKEN_ENV_ID, SLEEPY_ENV_ID, small_config, wait_for
+from helpers import BROKEN_ENV_ID, SLEEPY_ENV_ID, BrokenEnv, publish, small_config, wait_for
 
 from consumer import Batcher
 from producers.policies import StepContext
@@ -259,19 +259,26 @@ def test_two_batchers_split_the_groups(r, run, producer_thread):
 
 @pytest.mark.parametrize("threaded", [False, True])
 def test_failing_env_drops_its_group_and_counts_it(r, run, producer_thread, threaded):
+    BrokenEnv.resets.clear()
     config = small_config(
         rollout_batch_size=12, env_max_retries=1, async_generation_ratio=1,
         custom_envs={"Broken": {"env_id": BROKEN_ENV_ID, "threaded": threaded}},
         train_env_manager={"tags": ["FrozenLake", "Broken"], "num_groups_partition": [3, 1]},
     )
     batcher = Batcher(r, config, run=run)
-    producer_thread()
+    thread = producer_thread()
     for _ in range(3):
         batch = batcher.get_batch("train", timeout_s=20)
         assert 3 not in set(batch.group_ids.tolist())
         batcher.ack(batch)
-        batcher.publish_version()
+        publish(batcher)
     assert batcher.totals["scheduler/failed_groups"] >= 1
+    assert thread.stop() == 0
+    # group 3 (broken): each of its 4 members played episode 0 once and retried it
+    # env_max_retries (1) times, every attempt reset with the episode's own seed
+    seeds = [episode_seed(config.seed, "train", 3, k) for k in range(50)]
+    assert BrokenEnv.resets.count(seeds[0]) == 4 * (1 + 1)
+    assert set(BrokenEnv.resets) <= set(seeds)
 
 
 def test_any_gymnasium_env_runs_through_the_producers(r, run, producer_thread):

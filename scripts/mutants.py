@@ -1,0 +1,301 @@
+"""Mutation check of the protocol's guards: remove each guard in turn, the tests must notice.
+
+    python scripts/mutants.py            # every mutant (a baseline run first)
+    python scripts/mutants.py --list     # the mutants, one line each
+    python scripts/mutants.py --only commit-lease --only batcher-is-stale
+
+For each mutant: copy the tree (`git ls-files`, untracked files included) into a temporary
+folder, replace one exact snippet of one file (it must occur exactly once, or the run stops
+with an error), and run the mutant's tests there with this interpreter and the copy as the
+working folder, so the copy's packages are the ones imported (the `import-canary` mutant
+proves it: it makes a module raise at import and must be caught). A mutant is *caught* when
+pytest fails, *survived* when it passes. Before the mutants, the union of their tests runs
+once on the unmodified copy and must pass, or nothing would mean anything.
+
+Exit status: 0 when every mutant was caught; 1 when one survived or could not be applied or
+run; 2 when the baseline fails. `tests/test_mutants.py` checks that every snippet still
+occurs exactly once in its file, so this list cannot silently drift from the code: when a
+guard's code changes, update its snippet here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GUARDS = "tests/test_guards.py"
+SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
+             ".ruff_cache"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str  # relative to the repository root
+    snippet: str  # exact original text; must occur exactly once in `file`
+    replacement: str
+    guard: str  # what the mutant removes
+    tests: tuple[str, ...]  # pytest node ids that must catch it
+    signature: str = ""  # if set, any failing exit whose output shows this text is a catch
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "commit-lease", "producers/commit.py",
+        "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-1} end",
+        "-- (mutant) no lease check",
+        "fencing: the commit script's check that the shard's lease still names the producer",
+        (f"{GUARDS}::test_a_zombie_producers_commit_is_fenced_once_its_lease_moved",),
+    ),
+    Mutant(
+        "commit-pause", "producers/commit.py",
+        "if redis.call('SCARD', KEYS[3]) > 0 then return {-2} end",
+        "-- (mutant) no pause check",
+        "the commit script refuses train commits while paused (not even the step in flight)",
+        (f"{GUARDS}::test_a_pause_landing_mid_episode_keeps_its_commit_out_until_resume",),
+    ),
+    Mutant(
+        "commit-val-round", "producers/commit.py",
+        "if tonumber(redis.call('GET', KEYS[4]) or '0') ~= tonumber(ARGV[3]) then return {-3} end",
+        "-- (mutant) no val round check",
+        "the commit script refuses a val commit of a round that is over",
+        (f"{GUARDS}::test_a_val_commit_of_an_older_round_is_refused",),
+    ),
+    Mutant(
+        "commit-cursor-advance", "producers/commit.py",
+        "redis.call('HSET', KEYS[2], env, k + 1)",
+        "-- (mutant) cursor not advanced",
+        "the commit advances the env's cursor, so a resend or a replay is a no-op",
+        (f"{GUARDS}::test_a_commit_resent_after_a_lost_reply_is_in_the_stream_once",
+         f"{GUARDS}::test_an_episode_replayed_after_a_takeover_is_in_the_streams_once"),
+    ),
+    Mutant(
+        "commit-cursor-check", "producers/commit.py",
+        "if cur > k then",
+        "if false then",
+        "the commit is skipped when the cursor is already past the episode",
+        (f"{GUARDS}::test_a_commit_resent_after_a_lost_reply_is_in_the_stream_once",),
+    ),
+    Mutant(
+        "batcher-is-stale", "consumer/batcher.py",
+        "return schedule.expired(k, self.version) or self.version - version_start > "
+        "schedule.ratio",
+        "return False",
+        "Batcher._is_stale: a trajectory that arrives expired or too stale is dropped",
+        (f"{GUARDS}::test_the_batcher_drops_trajectories_that_arrive_already_stale",),
+    ),
+    Mutant(
+        "batcher-staleness-bound", "consumer/batcher.py",
+        "return schedule.expired(k, self.version) or self.version - version_start > "
+        "schedule.ratio",
+        "return schedule.expired(k, self.version)",
+        "Batcher._is_stale's bound on version_start (staleness <= ratio at hand-out)",
+        (f"{GUARDS}::test_the_batcher_drops_trajectories_that_arrive_already_stale",),
+    ),
+    Mutant(
+        "batcher-oldest-first", "consumer/batcher.py",
+        "heapq.heappush(state.ready, (0 if slot.priority else 1, k, order, key))",
+        "heapq.heappush(state.ready, (0 if slot.priority else 1, order, k, key))",
+        "complete groups are handed out oldest episode first (not in arrival order)",
+        (f"{GUARDS}::test_groups_completing_out_of_order_are_delivered_oldest_episode_first",),
+    ),
+    Mutant(
+        "batcher-inflight-priority", "consumer/batcher.py",
+        "slot.priority = slot.priority or priority",
+        "slot.priority = False",
+        "a restarted Batcher hands out the batch recorded in flight before anything else",
+        (f"{GUARDS}::test_a_restarted_batcher_hands_out_its_batch_in_flight_first",),
+    ),
+    Mutant(
+        "batcher-group-complete", "consumer/batcher.py",
+        "if len(slot.members) == state.group_size:",
+        "if len(slot.members) == state.group_size - 1:",
+        "a group is handed out only when all group_size members are there (off by one)",
+        (f"{GUARDS}::test_a_group_completed_over_several_reads_is_delivered_only_when_whole",),
+    ),
+    Mutant(
+        "batcher-member-dedup", "consumer/batcher.py",
+        'if len(slot.members) >= state.group_size or msg["member"] in slot.members:',
+        "if len(slot.members) >= state.group_size:",
+        "a member's second copy is dropped (acked and deleted), not left pending forever",
+        (f"{GUARDS}::test_a_trajectory_in_the_stream_twice_is_delivered_once_and_its_copy_"
+         "deleted",),
+    ),
+    Mutant(
+        "batcher-sync-pause", "consumer/batcher.py",
+        "self._set_pause(self.sync_reason, True)",
+        "pass  # (mutant) no sync pause",
+        "sync mode: handing out a train batch sets the batcher's pause reason",
+        ("tests/test_rollout.py::test_sync_pause_stops_xadds_and_next_get_batch_resumes",
+         "tests/test_rollout.py::test_two_batchers_split_the_groups"),
+    ),
+    Mutant(
+        "producer-retry-count", "producers/producer.py",
+        "attempts = self.config.env_max_retries + 1",
+        "attempts = self.config.env_max_retries + 2",
+        "an episode whose env raises is retried env_max_retries times, no more",
+        ("tests/test_rollout.py::test_failing_env_drops_its_group_and_counts_it",),
+    ),
+    Mutant(
+        "producer-retry-seed", "producers/producer.py",
+        "play_episode(\n                    slot, seed=self.config.seed,",
+        "play_episode(\n                    slot, seed=self.config.seed + attempt,",
+        "a retried episode is reset with the same seed",
+        ("tests/test_rollout.py::test_failing_env_drops_its_group_and_counts_it",),
+    ),
+    Mutant(
+        "import-canary", "schemas/keys.py",
+        'CONSUMER_GROUP = "batcher"',
+        'raise RuntimeError("mutant canary: the copy is what gets imported")\n'
+        'CONSUMER_GROUP = "batcher"',
+        "none: proves the tests import the mutated copy, not the installed tree",
+        (f"{GUARDS}::test_a_group_completed_over_several_reads_is_delivered_only_when_whole",),
+        signature="mutant canary: the copy is what gets imported",
+    ),
+)
+
+
+class MutantError(Exception):
+    """A mutant could not be applied (its snippet is missing or ambiguous)."""
+
+
+def tracked_files(root: Path) -> list[str]:
+    """The files of the tree: git's tracked and untracked-but-not-ignored files."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=root, capture_output=True, check=True)
+        return [name for name in out.stdout.decode().split("\0")
+                if name and (root / name).is_file()]
+    except (OSError, subprocess.CalledProcessError):
+        names = []
+        for path in root.rglob("*"):
+            rel = path.relative_to(root)
+            if path.is_file() and not SKIP_DIRS.intersection(rel.parts):
+                names.append(str(rel))
+        return names
+
+
+def copy_tree(root: Path, dest: Path) -> None:
+    for name in tracked_files(root):
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, target)
+
+
+def apply(mutant: Mutant, tree: Path) -> None:
+    """Replace the mutant's snippet in `tree`; it must occur exactly once."""
+    path = tree / mutant.file
+    if not path.is_file():
+        raise MutantError(f"{mutant.id}: {mutant.file} does not exist")
+    text = path.read_text(encoding="utf-8")
+    found = text.count(mutant.snippet)
+    if found != 1:
+        raise MutantError(f"{mutant.id}: snippet found {found} times in {mutant.file} "
+                          f"(expected once): {mutant.snippet!r}")
+    text = text.replace(mutant.snippet, mutant.replacement)
+    if path.suffix == ".py":
+        compile(text, str(path), "exec")  # a mutant must fail tests, not the parser
+    path.write_text(text, encoding="utf-8")
+
+
+def run_tests(tree: Path, tests: tuple[str, ...],
+              timeout_s: float) -> tuple[int, str, str]:
+    """pytest on `tests` inside `tree`, with this interpreter: exit status, summary line and
+    the whole output."""
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTHONPATH", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    try:
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return 1, f"timed out after {timeout_s:g}s", ""
+    output = proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    summary = lines[-1].strip("= ") if lines else proc.stderr.strip()[-200:]
+    return proc.returncode, summary, output
+
+
+def run_mutant(mutant: Mutant, timeout_s: float, show: bool = False) -> tuple[str, str]:
+    """('caught' | 'survived' | 'error', detail)."""
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.id}-") as tmp:
+        tree = Path(tmp)
+        copy_tree(ROOT, tree)
+        try:
+            apply(mutant, tree)
+        except (MutantError, SyntaxError) as exc:
+            return "error", str(exc)
+        status, summary, output = run_tests(tree, mutant.tests, timeout_s)
+    if show:
+        failures = [line for line in output.splitlines() if line.startswith(("E ", "FAILED"))]
+        print("\n".join(f"    | {line}" for line in failures[:12]), flush=True)
+    if status == 0:
+        return "survived", summary
+    if mutant.signature:  # caught only by the failure it is built to cause
+        if mutant.signature in output:
+            return "caught", f"pytest exit status {status}, output shows {mutant.signature!r}"
+        return "error", f"pytest exit status {status} without {mutant.signature!r}: {summary}"
+    if status == 1:  # tests failed (2, 3, 4, 5: interrupted, internal or usage error, none)
+        return "caught", summary
+    return "error", f"pytest exit status {status}: {summary}"
+
+
+def baseline(mutants: list[Mutant], timeout_s: float) -> tuple[int, str]:
+    tests = tuple(dict.fromkeys(t for m in mutants for t in m.tests))
+    with tempfile.TemporaryDirectory(prefix="mutant-baseline-") as tmp:
+        copy_tree(ROOT, Path(tmp))
+        status, summary, _ = run_tests(Path(tmp), tests, timeout_s)
+        return status, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--only", action="append", metavar="ID", help="run only this mutant "
+                        "(repeatable)")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the run on the unmodified tree")
+    parser.add_argument("--show", action="store_true",
+                        help="print how each mutant failed (pytest's E and FAILED lines)")
+    parser.add_argument("--timeout-s", type=float, default=600.0,
+                        help="per pytest run (default 600)")
+    args = parser.parse_args(argv)
+    if args.list:
+        for m in MUTANTS:
+            print(f"{m.id:26} {m.file:22} {m.guard}")
+        return 0
+    chosen = list(MUTANTS)
+    if args.only:
+        known = {m.id for m in MUTANTS}
+        unknown = sorted(set(args.only) - known)
+        if unknown:
+            parser.error(f"unknown mutant id(s): {', '.join(unknown)} (see --list)")
+        chosen = [m for m in MUTANTS if m.id in args.only]
+    if not args.no_baseline:
+        status, summary = baseline(chosen, args.timeout_s)
+        print(f"{'baseline':9} {'(unmodified tree)':26} {summary}", flush=True)
+        if status != 0:
+            print("mutants: the baseline fails; fix the tests first", file=sys.stderr)
+            return 2
+    results: dict[str, int] = {"caught": 0, "survived": 0, "error": 0}
+    started = time.monotonic()
+    for mutant in chosen:
+        outcome, detail = run_mutant(mutant, args.timeout_s, args.show)
+        results[outcome] += 1
+        print(f"{outcome:9} {mutant.id:26} {detail}", flush=True)
+    print(f"mutants: {results['caught']} caught, {results['survived']} survived, "
+          f"{results['error']} errors, of {len(chosen)} in {time.monotonic() - started:.0f}s")
+    return 0 if results["caught"] == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
