@@ -25,14 +25,47 @@ from consumer.batch import Batch, Entry, batch_metrics
 from schemas.backoff import Backoff
 from schemas.codec import ENTRY_FIELD, decode_trajectory, pack, unpack
 from schemas.config import RolloutConfig
-from schemas.errors import BatchTimeout, ConfigError, DecodeError
+from schemas.errors import BatchTimeout, ConfigError, DecodeError, RunConflict, VersionConflict
 from schemas.keys import CONSUMER_GROUP, Keys
+from schemas.liveness import live_producers
 from schemas.protocol import Schedule
 
 logger = logging.getLogger(__name__)
 
 GroupKey = tuple[int, int, int]  # (val round, episode k, group id)
 WEIGHTS_KEPT = 3  # published weight versions kept in Redis
+MAX_WEIGHTS_BYTES = 64 * 2**20  # a Redis value is no place for a real checkpoint
+
+# Version v is published only over v - 1; publishing v again is a no-op (a retry whose reply
+# was lost), anything else is a conflict. Weights land in the same atomic step.
+PUBLISH_LUA = """
+-- KEYS: version, weights of v, weights of v - kept; ARGV: v, has weights, weights
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local v = tonumber(ARGV[1])
+if cur == v then return {0, cur} end
+if cur ~= v - 1 then return {-1, cur} end
+redis.call('SET', KEYS[1], v)
+if ARGV[2] == '1' then
+  redis.call('SET', KEYS[2], ARGV[3])
+  redis.call('DEL', KEYS[3])
+end
+return {1, cur}
+"""
+
+# A train batch is handed out: record it (a restarted Batcher hands out this very batch
+# again) and, in sync mode, pause the producers once every batcher has its batch, in one
+# atomic step, so a lost connection can never leave a batch handed out without its pause.
+HAND_OUT_LUA = """
+-- KEYS: inflight, sync_handed, pause; ARGV: inflight record, sync (0/1), index, count
+redis.call('SET', KEYS[1], ARGV[1])
+if ARGV[2] == '1' then
+  redis.call('SADD', KEYS[2], ARGV[3])
+  if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[4]) then
+    redis.call('SADD', KEYS[3], 'sync')
+  end
+end
+return 1
+"""
 
 
 @dataclass
@@ -103,8 +136,6 @@ class Batcher:
         self.keys = Keys(run)
         self.index, self.count = index, count
         self.consumer = consumer or f"batcher-{index}"
-        # each batcher pauses for itself: producers run only while every trainer waits
-        self.sync_reason = "sync" if count == 1 else f"sync-{index}"
         self.block_ms = self._fit_block(redis, block_ms)
         self.claim_idle_ms = claim_idle_ms
         self.read_count = read_count
@@ -113,6 +144,10 @@ class Batcher:
         self._states = {mode: self._new_state(mode) for mode in config.modes()}
         self._last_claim = 0.0
         self._owns_config = publish_config
+        self._last_weights: tuple[int, bytes] | None = None  # put back if Redis loses them
+        self._publish = redis.register_script(PUBLISH_LUA)
+        self._record_hand_out = redis.register_script(HAND_OUT_LUA)
+        self._check_published_config()
         if publish_config:
             self._publish_config()
         self._create_groups()
@@ -134,15 +169,29 @@ class Batcher:
         schedule = Schedule(self.config.episodes_per_step(mode), self.config.ratio)
         return ModeState(mode, schedule, streams, manager.group_size, manager.members)
 
+    def _check_published_config(self) -> None:
+        """A run name already in use must have been made by a config this one can resume:
+        otherwise its streams, cursors and version mean other episodes (refused)."""
+        raw = self.redis.get(self.keys.config)
+        if raw is None:
+            return
+        published = RolloutConfig.from_json(raw)
+        conflicts = self.config.resume_conflicts(published)
+        if conflicts:
+            run = self.keys.run
+            raise RunConflict(
+                f"run {run!r} already exists with a different config ({'; '.join(conflicts)}); "
+                f"use another run name, or reset it: rollstream reset --run {run}")
+        if published != self.config and self._owns_config:
+            logger.warning("run %s: replacing its published config (policy or env settings "
+                           "changed); restart running producers so they read it", self.keys.run)
+
     def _publish_config(self) -> None:
+        """Publish the config (producers read it) and start or resume the run: a run that
+        was stopped (`rollstream stop`) runs again."""
         keys = self.keys
-        old = self.redis.get(keys.config)
-        new = self.config.to_json()
-        if old is not None and _text(old) != new:
-            logger.warning("run %s: replacing its published config; restart the producers so "
-                           "they read the new one", keys.run)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.set(keys.config, new)
+        pipe.set(keys.config, self.config.to_json())
         pipe.setnx(keys.version, self.version)
         pipe.setnx(keys.val_round, 0)
         pipe.delete(keys.stop)
@@ -164,6 +213,8 @@ class Batcher:
                        "were in Redis are lost", self.keys.run, self.version)
         self._publish_config()
         self._create_groups()
+        if self._last_weights is not None and self._last_weights[0] == self.version:
+            self.redis.set(self.keys.weights(self.version), self._last_weights[1])
 
     def _create_groups(self) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -208,7 +259,7 @@ class Batcher:
     def _get_batch(self, state: ModeState, n: int, wanted: int, started: float,
                    deadline: float, timeout_s: float) -> Batch:
         if state.mode == "train":
-            self._set_pause(self.sync_reason, False)
+            self._resume_sync()
         elif not state.round_started:
             self._start_val_round(state)
         self._sync_version()
@@ -223,10 +274,7 @@ class Batcher:
                 self._read(state, block_ms=min(self.block_ms, max(1, int(remaining * 1000))))
                 if time.monotonic() - self._last_claim > self.claim_idle_ms / 1000:
                     self._reclaim(state)
-            batch = self._hand_out(state, wanted, time.monotonic() - started)
-        if state.mode == "train" and self.config.is_sync:
-            self._set_pause(self.sync_reason, True)
-        return batch
+            return self._hand_out(state, wanted, time.monotonic() - started)
 
     def ack(self, batch: Batch) -> None:
         """The trainer is done with `batch`: its entries are acked and deleted."""
@@ -236,21 +284,37 @@ class Batcher:
         pipe.execute()
         self._states[batch.mode].handed.difference_update(batch.entries)
 
-    def publish_version(self, weights: bytes | None = None) -> int:
-        """Version + 1 (and optional policy weights for it); wakes the producers."""
+    def publish_version(self, version: int | None = None, weights: bytes | None = None) -> int:
+        """Publish policy version `version` (default: this Batcher's version + 1), with the
+        policy weights for it if given, and wake the producers. Returns the version.
+
+        Safe to retry: publishing the version that is already there is a no-op, so a trainer
+        whose call failed (a lost reply) calls again with the same `version`. Publishing
+        over a gap (the run is not at `version - 1`) raises `VersionConflict`."""
         keys = self.keys
-        version = int(self.redis.incr(keys.version))
-        pipe = self.redis.pipeline(transaction=False)
+        version = self.version + 1 if version is None else int(version)
+        if weights is not None and len(weights) > MAX_WEIGHTS_BYTES:
+            raise ConfigError(
+                f"publish_version: weights of {len(weights) / 2**20:.1f} MB exceed the "
+                f"{MAX_WEIGHTS_BYTES // 2**20} MB a Redis value may hold here; save a checkpoint "
+                "and have the inference servers load it instead")
+        code, current = self._publish(
+            keys=[keys.version, keys.weights(version), keys.weights(version - WEIGHTS_KEPT)],
+            args=[version, 1 if weights is not None else 0, weights if weights is not None
+                  else b""])
+        if int(code) < 0:
+            raise VersionConflict(
+                f"publish_version({version}): the run {keys.run!r} is at version {int(current)}; "
+                f"only {int(current) + 1} can follow it (another trainer publishing?)")
         if weights is not None:
-            pipe.set(keys.weights(version), weights)
-            pipe.delete(keys.weights(version - WEIGHTS_KEPT))
-        pipe.publish(keys.control, b"version")
-        pipe.execute()
+            self._last_weights = (version, weights)
         self.version = version
+        self._notify(b"version")
         return version
 
     def stop_run(self) -> None:
-        """Tell every producer of the run to exit."""
+        """Tell every producer of the run to exit (a deliberate end of the run; a trainer
+        that publishes the config again clears it)."""
         self.redis.set(self.keys.stop, 1)
         self.redis.publish(self.keys.control, b"stop")
 
@@ -261,12 +325,14 @@ class Batcher:
             raise ConfigError(f"mode must be 'train' or 'val', not {mode!r}")
         return self._states[mode]
 
-    def _set_pause(self, reason: str, on: bool) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        if on:
-            pipe.sadd(self.keys.pause, reason)
-        else:
-            pipe.srem(self.keys.pause, reason)
+    def _resume_sync(self) -> None:
+        """This batcher waits for a train batch again: the sync pause is lifted (producers
+        run while any batcher waits; admission holds them to the current version)."""
+        if not self.config.is_sync:
+            return
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.srem(self.keys.sync_handed, self.index)
+        pipe.srem(self.keys.pause, "sync")
         pipe.publish(self.keys.control, b"pause")
         pipe.execute()
 
@@ -450,13 +516,18 @@ class Batcher:
             trajs += [msg for _, (_, msg) in members]
             entries += [entry for _, (entry, _) in members]
         if state.mode == "train":
-            try:  # recorded first, so a restarted Batcher hands out this very batch again
-                self.redis.set(self.keys.inflight(state.mode, self.consumer),
-                               pack([[e.stream, e.entry_id] for e in entries]))
+            record = pack([[e.stream, e.entry_id] for e in entries])
+            try:
+                self._record_hand_out(
+                    keys=[self.keys.inflight(state.mode, self.consumer), self.keys.sync_handed,
+                          self.keys.pause],
+                    args=[record, 1 if self.config.is_sync else 0, self.index, self.count])
             except redis_lib.RedisError:
-                for item, _ in chosen:
+                for item, _ in chosen:  # nothing handed out: the groups stay ready
                     heapq.heappush(state.ready, item)
                 raise
+            if self.config.is_sync:
+                self._notify(b"pause")
         late: list[Entry] = []
         for _, slot in chosen:
             late += slot.failed
@@ -479,6 +550,13 @@ class Batcher:
         return batch
 
     # -- helpers -------------------------------------------------------------------------------
+    def _notify(self, message: bytes) -> None:
+        """Wake the producers early; they also poll, so a lost message only costs a poll."""
+        try:
+            self.redis.publish(self.keys.control, message)
+        except redis_lib.RedisError as exc:
+            logger.warning("could not notify producers (%s); they notice on their next poll", exc)
+
     def _count(self, state: ModeState, name: str, amount: float = 1) -> None:
         state.counters[name] += amount  # reported with the next batch
         self.totals[name] += amount  # since this Batcher started
@@ -512,13 +590,13 @@ class Batcher:
         ready = self._ready_count(state)
         partial = len(state.groups) - ready
         paused = sorted(_text(p) for p in self.redis.smembers(self.keys.pause))
-        producers = int(self.redis.zcard(self.keys.producers))
+        producers = len(live_producers(self.redis, self.keys, self.config.lease_ttl_s))
         where = f"val round {state.round}" if state.mode == "val" else f"version {self.version}"
         return (
             f"get_batch(mode={state.mode!r}) timed out after {timeout_s:g}s waiting for {n} "
             f"trajectories ({wanted} complete groups of {state.group_size}); have {ready} "
             f"complete and {partial} partial groups at {where}; pause reasons: "
-            f"{paused or 'none'}; producers with a heartbeat: {producers}"
+            f"{paused or 'none'}; live producers: {producers}"
         )
 
 

@@ -23,7 +23,6 @@ import csv
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import time
 from contextlib import ExitStack
@@ -36,7 +35,7 @@ import redis
 
 from consumer import Batch, Batcher
 from rollstream.embedded import EmbeddedRedis
-from rollstream.launcher import start_producers, stop_processes
+from rollstream.launcher import interrupt_signals, start_producers, stop_processes
 from schemas.config import RolloutConfig
 from schemas.errors import RollstreamError
 
@@ -45,7 +44,6 @@ sys.path.insert(0, str(HERE))
 from frozenlake_policy import FEATURES, action_features, encode_weights, parse_grid, softmax  # noqa: E402,I001
 
 TAG = "FrozenLake"
-log = logging.getLogger("grpo_frozenlake")
 
 
 def opt(default: Any, help: str) -> Any:
@@ -219,26 +217,14 @@ def write_progress(out: Path, rows: list[dict[str, Any]]) -> None:
         print(f"wrote {out / 'progress.csv'}; no PNG: {exc}", flush=True)
 
 
-def stop_run(batcher: Batcher) -> None:
-    try:
-        batcher.stop_run()
-    except redis.RedisError as exc:
-        log.warning("could not tell the producers to stop: %s", exc)
-
-
-def sigterm_as_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # the same cleanup as Ctrl+C
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     np.random.seed(args.seed)  # the trainer draws nothing; episode seeds come from the config
     config = rollout_config(args)
-    signal.signal(signal.SIGTERM, sigterm_as_interrupt)
     mode = "sync" if config.is_sync else f"async (ratio {config.ratio})"
-    try:
-        with ExitStack() as stack:
+    try:  # Ctrl+C and SIGTERM: the same cleanup, nothing left running
+        with interrupt_signals(), ExitStack() as stack:
             url = args.redis_url
             if not url:  # self-contained: our own Redis and producers, stopped on the way out
                 url = stack.enter_context(EmbeddedRedis()).url
@@ -248,7 +234,6 @@ def main(argv: list[str] | None = None) -> int:
             client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
             stack.callback(client.close)
             batcher = Batcher(client, config, run=args.run)
-            stack.callback(stop_run, batcher)  # the run's producers exit when we are done
             # (a given URL is not printed: it can hold a password)
             where = "producers elsewhere" if args.redis_url else f"embedded Redis at {url}"
             print(f"grpo_frozenlake: run {args.run!r}, {mode}, {where}, "

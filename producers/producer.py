@@ -260,7 +260,8 @@ class Producer:
         interval = self.config.lease_ttl_s / 3
         while not self._stop.is_set():
             if self.state.stopped:
-                logger.info("run %s is stopped; exiting", self.keys.run)
+                logger.warning("run %s was stopped (rollstream stop); exiting; a trainer that "
+                               "starts the run again resumes it", self.keys.run)
                 self._stop.set()
                 break
             if deadline is not None and time.monotonic() >= deadline:

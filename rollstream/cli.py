@@ -7,6 +7,8 @@
     rollstream produce --redis-url URL --run NAME [--max-shards K]
     rollstream pause | resume                  the operator's pause of a run's train rollouts
     rollstream status                          version, pause, producers, stream backlog
+    rollstream stop                            end a run: its producers exit
+    rollstream reset [--yes]                   delete every key of a run
 
 Exit status: 0 ok, 1 a runtime failure (one line on stderr), 2 a bad command line or config.
 """
@@ -17,6 +19,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from collections.abc import Sequence
 
 import redis
@@ -24,12 +27,17 @@ import redis
 from schemas.config import RolloutConfig, resolve_redis_url, resolve_run
 from schemas.errors import ConfigError, RollstreamError
 from schemas.keys import CONSUMER_GROUP, Keys
+from schemas.liveness import live_producers
 
 logger = logging.getLogger("rollstream")
 
 
 class UsageError(Exception):
     """A bad command line: exit status 2."""
+
+
+class RunNotFound(RollstreamError):
+    """An operator command named a run that has no published config: exit status 1."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,8 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, text in (("pause", "pause train rollouts (reason: operator)"),
                        ("resume", "lift the operator's pause"),
-                       ("status", "print the run's state")):
+                       ("status", "print the run's state"),
+                       ("stop", "end the run: its producers exit (a trainer that starts "
+                                "again resumes it)")):
         _redis_args(sub.add_parser(name, help=text))
+    reset = sub.add_parser("reset", help="delete every key of a run (stops its producers "
+                                          "first)")
+    _redis_args(reset)
+    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     return parser
 
 
@@ -253,6 +267,9 @@ def _check_producer(client: redis.Redis, keys: Keys) -> int:
 def _admin(args: argparse.Namespace) -> int:
     client = _client(resolve_redis_url(args.redis_url))
     keys = Keys(resolve_run(args.run))
+    if args.command == "reset":
+        return _reset(client, keys, args.yes)
+    config = _published_config(client, keys)
     if args.command in ("pause", "resume"):
         if args.command == "pause":
             client.sadd(keys.pause, "operator")
@@ -262,19 +279,64 @@ def _admin(args: argparse.Namespace) -> int:
         reasons = sorted(_text(r) for r in client.smembers(keys.pause))
         print(f"run {keys.run}: pause reasons {reasons or 'none'}")
         return 0
-    return _status(client, keys)
+    if args.command == "stop":
+        client.set(keys.stop, 1)
+        client.publish(keys.control, b"stop")
+        live = len(live_producers(client, keys, config.lease_ttl_s))
+        print(f"run {keys.run}: stopped; {live} live producer(s) exit now "
+              "(a trainer that starts the run again resumes it)")
+        return 0
+    return _status(client, keys, config)
 
 
-def _status(client: redis.Redis, keys: Keys) -> int:
+def _published_config(client: redis.Redis, keys: Keys) -> RolloutConfig:
+    """The run's published config; a run without one does not exist (exit 1)."""
     raw = client.get(keys.config)
     if raw is None:
-        print(f"run {keys.run}: no config published")
-        return 1
-    config = RolloutConfig.from_json(raw)
+        raise RunNotFound(f"run {keys.run!r} does not exist here (no config at {keys.config}; "
+                          "a trainer publishes it when it starts)")
+    return RolloutConfig.from_json(raw)
+
+
+def _reset(client: redis.Redis, keys: Keys, yes: bool) -> int:
+    """Stop the run's producers, then delete every key of the run."""
+    names = list(client.scan_iter(match=keys.pattern(), count=1000))
+    if not names:
+        print(f"run {keys.run}: no keys; nothing to reset")
+        return 0
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"reset deletes {len(names)} keys of run {keys.run!r}: pass --yes "
+                             "to confirm (stdin is not a terminal)")
+        answer = input(f"delete all {len(names)} keys of run {keys.run!r}? type the run name "
+                       "to confirm: ")
+        if answer.strip() != keys.run:
+            print("not confirmed; nothing deleted")
+            return 1
+    raw = client.get(keys.config)
+    ttl_s = RolloutConfig.from_json(raw).lease_ttl_s if raw is not None else 10.0
+    client.set(keys.stop, 1)
+    client.publish(keys.control, b"stop")
+    deadline = time.monotonic() + ttl_s + 2.0
+    while live_producers(client, keys, ttl_s) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = len(live_producers(client, keys, ttl_s))
+    deleted = 0
+    names = list(client.scan_iter(match=keys.pattern(), count=1000))
+    for i in range(0, len(names), 500):
+        deleted += int(client.delete(*names[i : i + 500]))
+    note = f"; {left} producer(s) did not leave in time" if left else ""
+    print(f"run {keys.run}: reset, {deleted} keys deleted{note}")
+    return 0
+
+
+def _status(client: redis.Redis, keys: Keys, config: RolloutConfig) -> int:
+    live = len(live_producers(client, keys, config.lease_ttl_s))
+    stopped = ", stopped" if client.exists(keys.stop) else ""
     print(f"run {keys.run}: version {int(client.get(keys.version) or 0)}, "
           f"val round {int(client.get(keys.val_round) or 0)}, pause reasons "
           f"{sorted(_text(r) for r in client.smembers(keys.pause)) or 'none'}, "
-          f"producers {client.zcard(keys.producers)}")
+          f"live producers {live}{stopped}")
     for mode in config.modes():
         manager = config.manager(mode)
         pipe = client.pipeline(transaction=False)

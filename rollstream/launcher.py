@@ -124,33 +124,42 @@ def redis_server(url: str | None) -> Iterator[str]:
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends the launcher as Ctrl+C does, so the same cleanup runs."""
+def interrupt_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt, so the same cleanup runs for both.
+
+    Installed explicitly: a process started with SIGINT ignored (`nohup`, `&` in a script)
+    inherits the ignore, and Python then installs no handler of its own for Ctrl+C."""
 
     def raise_interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    previous = {sig: signal.signal(sig, raise_interrupt)
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
-def train_session(client: redis.Redis, opts: UpOptions, header: str, out: TextIO) -> None:
-    """Publish the config, run the trainer loop, then tell the run's producers to stop."""
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+
+def train_session(client: redis.Redis, opts: UpOptions, header: str, out: TextIO) -> int:
+    """Publish the config and run the trainer loop; returns the exit status.
+
+    The run's producers keep running when this ends, for whatever reason: only a deliberate
+    `rollstream stop` ends a run, so a trainer that crashes or times out can simply start
+    again and find its producers waiting."""
     batcher = Batcher(client, opts.config, run=opts.run)
     try:
         print(header, file=out, flush=True)
         steps = trainer_loop(batcher, opts, out)
         print(f"done: {steps} steps", file=out, flush=True)
+        return EXIT_OK
     except KeyboardInterrupt:
         print("interrupted; stopping", file=out, flush=True)
-    finally:
-        try:
-            batcher.stop_run()
-        except redis.RedisError as exc:
-            logger.warning("could not publish the stop: %s", exc)
+        return EXIT_INTERRUPTED
 
 
 def _mode(config: RolloutConfig) -> str:
@@ -158,36 +167,51 @@ def _mode(config: RolloutConfig) -> str:
 
 
 def up(opts: UpOptions, out: TextIO = sys.stdout) -> int:
-    """The whole run on this machine. Returns the exit status."""
+    """The whole run on this machine. Returns the exit status: 0 done, 1 a producer failed,
+    130 interrupted (a trainer failure raises)."""
     count = opts.producers or default_producers(opts.config)
-    with sigterm_as_interrupt(), redis_server(opts.redis_url) as url:
+    try:
+        with interrupt_signals():
+            return _up(opts, count, out)
+    except KeyboardInterrupt:  # before the trainer loop started, or during the cleanup
+        print("interrupted", file=out, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _up(opts: UpOptions, count: int, out: TextIO) -> int:
+    with redis_server(opts.redis_url) as url:
         client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
         procs = start_producers(url, opts.run, count, opts.log_level)  # they await the config
         try:
             header = (f"rollstream up: run {opts.run!r} at {url}, {count} producer(s), "
                       f"{_mode(opts.config)}")
-            train_session(client, opts, header, out)
+            status = train_session(client, opts, header, out)
         finally:
             codes = stop_processes(procs)
             client.close()
         bad = [c for c in codes if c not in (0, -signal.SIGTERM)]
         if bad:
-            print(f"warning: producer exit codes {codes}", file=out, flush=True)
-    return 0
+            print(f"error: producers exited with {codes}", file=sys.stderr, flush=True)
+            if status == EXIT_OK:
+                status = EXIT_FAILED
+    return status
 
 
 def train(opts: UpOptions, out: TextIO = sys.stdout) -> int:
     """Only the trainer loop, against a Redis where producers run (as in compose)."""
     assert opts.redis_url, "train needs a Redis URL"
-    with sigterm_as_interrupt():
-        client = redis.Redis.from_url(opts.redis_url, socket_timeout=30,
-                                      socket_connect_timeout=5)
-        try:
-            train_session(client, opts, f"rollstream train: run {opts.run!r}, "
-                          f"{_mode(opts.config)}, producers elsewhere", out)
-        finally:
-            client.close()
-    return 0
+    try:
+        with interrupt_signals():
+            client = redis.Redis.from_url(opts.redis_url, socket_timeout=30,
+                                          socket_connect_timeout=5)
+            try:
+                return train_session(client, opts, f"rollstream train: run {opts.run!r}, "
+                                     f"{_mode(opts.config)}, producers elsewhere", out)
+            finally:
+                client.close()
+    except KeyboardInterrupt:
+        print("interrupted", file=out, flush=True)
+        return EXIT_INTERRUPTED
 
 
 TRAINER_STOP_S = 30.0  # after Ctrl+C, the trainer script's time to clean up before SIGTERM
@@ -200,8 +224,18 @@ def up_trainer(script: Sequence[str], redis_url: str | None, run: str, producers
     the user's script in place of the stand-in trainer. The script gets ROLLSTREAM_REDIS_URL,
     ROLLSTREAM_RUN (and ROLLSTREAM_CONFIG with `--config`) in its environment, its folder is
     on the producers' PYTHONPATH, and its exit status is returned (128 + N for signal N)."""
+    try:
+        with interrupt_signals():
+            return _up_trainer(script, redis_url, run, producers, log_level, config_path, out)
+    except KeyboardInterrupt:  # a second Ctrl+C, or one before the script started
+        print("interrupted", file=out, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _up_trainer(script: Sequence[str], redis_url: str | None, run: str, producers: int,
+                log_level: str, config_path: str | None, out: TextIO) -> int:
     folder = os.path.dirname(os.path.abspath(script[0]))
-    with sigterm_as_interrupt(), redis_server(redis_url) as url:
+    with redis_server(redis_url) as url:
         procs = start_producers(url, run, producers, log_level, pythonpath=[folder])
         trainer: subprocess.Popen | None = None
         try:
@@ -213,8 +247,6 @@ def up_trainer(script: Sequence[str], redis_url: str | None, run: str, producers
             trainer = subprocess.Popen([sys.executable, *script], env=env,
                                        start_new_session=True, preexec_fn=die_with_parent)
             return _wait_trainer(trainer)
-        except KeyboardInterrupt:  # a second Ctrl+C: stop now
-            return 128 + signal.SIGINT
         finally:
             if trainer is not None:
                 stop_processes([trainer])

@@ -13,7 +13,7 @@ import math
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from pydantic import (
@@ -243,6 +243,22 @@ class RolloutConfig(BaseModel):
     def layout(self) -> dict[str, Any]:
         return {mode: self.manager(mode).summary() for mode in self.modes()}
 
+    # The settings that decide which episodes a run plays and how they are batched: a run's
+    # streams, cursors and version only make sense under the same values.
+    RESUME_FIELDS: ClassVar[tuple[str, ...]] = (
+        "train_env_manager", "val_env_manager", "seed", "async_generation_ratio",
+        "rollout_batch_size", "val_batch_size")
+
+    def resume_conflicts(self, published: RolloutConfig) -> list[str]:
+        """What differs from `published` in ways a run cannot resume across, one item each
+        (`seed 42 -> 7`); empty when this config can take the run over."""
+        out = []
+        for name in self.RESUME_FIELDS:
+            old, new = getattr(published, name), getattr(self, name)
+            if old != new:
+                out.append(f"{name} {_short(old)} -> {_short(new)}")
+        return out
+
     # -- loading ---------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "config", base_dir: Path | None = None,
@@ -387,3 +403,10 @@ def resolve_run(cli_run: str | None, config: RolloutConfig | None = None) -> str
     if env_run:
         return env_run
     return config.run if config is not None else DEFAULT_RUN
+
+
+def _short(value: Any) -> str:
+    """A config value in a message: models as their set fields, compactly."""
+    if isinstance(value, BaseModel):
+        return json.dumps(value.model_dump(exclude_defaults=True), separators=(",", ":"))
+    return str(value)

@@ -41,6 +41,10 @@ class Keys:
         return f"{self.prefix}:pause"
 
     @property
+    def sync_handed(self) -> str:  # set: batcher indexes that handed out this sync step's batch
+        return f"{self.prefix}:sync_handed"
+
+    @property
     def val_round(self) -> str:  # string int: the val round asked for
         return f"{self.prefix}:val_round"
 

@@ -87,8 +87,11 @@ def service_cmd(name: str) -> list[str]:
 
 
 def test_services_run_as_local_processes(password_redis):
+    # a trainer that ends for any reason (done, timed out) leaves the producers running; a
+    # trainer started again finds them; only `rollstream stop` ends them
     env = {**os.environ, "ROLLSTREAM_REDIS_URL": password_redis, "ROLLSTREAM_RUN": "exp1"}
     env.pop("REDIS_URL", None)
+    r = redis.Redis.from_url(password_redis)
     producer = subprocess.Popen(service_cmd("producer"), cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -96,15 +99,34 @@ def test_services_run_as_local_processes(password_redis):
                                  capture_output=True, text=True, timeout=120)
         assert trainer.returncode == 0, trainer.stderr
         assert len([x for x in trainer.stdout.splitlines() if x.startswith("step")]) == 3
-        out, _ = producer.communicate(timeout=30)  # the trainer's stop ends the producer
+        r.sadd("{exp1}:pause", "operator")  # the trainer times out: exit 1, nothing stopped
+        timed_out = subprocess.run([*service_cmd("trainer"), "--timeout-s", "1"], cwd=ROOT,
+                                   env=env, capture_output=True, text=True, timeout=120)
+        assert timed_out.returncode == 1 and "BatchTimeout" in timed_out.stderr
+        assert producer.poll() is None and not r.exists("{exp1}:stop")
+        r.srem("{exp1}:pause", "operator")
+        again = subprocess.run([*service_cmd("trainer"), "--steps", "2"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        assert "live producer(s) on this host" in subprocess.run(
+            service_cmd("producer") + ["--check"], cwd=ROOT, env=env, capture_output=True,
+            text=True, timeout=60).stdout
+        stop = subprocess.run([sys.executable, "-m", "rollstream", "stop"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0 and "1 live producer(s) exit now" in stop.stdout
+        out, _ = producer.communicate(timeout=30)
         assert producer.returncode == 0, out
         check = subprocess.run(service_cmd("producer") + ["--check"], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=60)
         assert check.returncode == 1  # healthcheck: no live producer on this host now
+        late = subprocess.run(service_cmd("producer"), cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=60)  # started after the stop: says so
+        assert late.returncode == 0 and "run exp1 was stopped" in late.stdout + late.stderr
     finally:
         if producer.poll() is None:
             producer.send_signal(signal.SIGKILL)
             producer.communicate(timeout=10)
+        r.close()
 
 
 def test_producer_healthcheck_passes_while_it_runs(password_redis):

@@ -183,7 +183,7 @@ def test_ctrl_c_stops_up_and_every_process(run):
     assert sock
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 130, err
     assert "interrupted" in out
     assert "Traceback" not in err
     time.sleep(0.2)

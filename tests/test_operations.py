@@ -1,0 +1,172 @@
+"""Operations a user relies on: reusing and resetting runs, retrying a version publish,
+stops that only a deliberate command makes, exit codes, and liveness that tells the truth."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from helpers import ROOT, clean_env, small_config, wait_for
+from helpers import run_cli as cli
+
+from consumer import Batcher
+from producers.policies import StepContext
+from producers.policies.random import RandomPolicy
+from schemas.errors import BatchTimeout, ConfigError, RunConflict, VersionConflict
+from schemas.keys import Keys
+from schemas.liveness import server_ms
+
+
+def test_a_run_reused_with_another_layout_is_refused_and_reset_clears_it(r, run, redis_url):
+    url = ["--redis-url", redis_url, "--run", run]
+    first = cli("up", "--config", "configs/frozenlake_async.yaml", "--steps", "1",
+                "--producers", "1", *url)
+    assert first.returncode == 0, first.stderr
+    again = cli("up", "--config", "configs/frozenlake_async.yaml", "--steps", "1",
+                "--producers", "1", *url)
+    assert again.returncode == 0, again.stderr  # the same config resumes the run
+    assert int(r.get(Keys(run).version)) == 2
+    switched = cli("up", "--config", "configs/frozenlake_sync.yaml", "--steps", "1", *url)
+    assert switched.returncode == 2
+    line = switched.stderr.strip()
+    assert "\n" not in line and "async_generation_ratio 1 -> 0" in line
+    assert f"rollstream reset --run {run}" in line
+    refused = cli("reset", *url)  # not a terminal: no silent deletion
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert r.exists(Keys(run).config)
+    reset = cli("reset", "--yes", *url)
+    assert reset.returncode == 0 and "keys deleted" in reset.stdout, reset.stderr
+    assert not list(r.scan_iter(match=Keys(run).pattern()))
+    fresh = cli("up", "--config", "configs/frozenlake_sync.yaml", "--steps", "1",
+                "--producers", "1", *url)
+    assert fresh.returncode == 0, fresh.stderr
+
+
+def test_batcher_refuses_a_conflicting_config_but_takes_policy_changes(r, run):
+    Batcher(r, small_config(), run=run)
+    with pytest.raises(RunConflict, match="seed 7 -> 8"):
+        Batcher(r, small_config(seed=8), run=run)
+    with pytest.raises(RunConflict, match="rollout_batch_size 16 -> 8"):
+        Batcher(r, small_config(rollout_batch_size=8), run=run, publish_config=False)
+    latency = small_config(policy={"type": "random", "latency_s": 0.01})
+    Batcher(r, latency, run=run)  # a policy change resumes the run
+    assert b'"latency_s":0.01' in r.get(Keys(run).config)
+
+
+def test_publish_version_is_a_compare_and_set(r, run):
+    keys = Keys(run)
+    batcher = Batcher(r, small_config(), run=run)
+    assert batcher.publish_version(1, weights=b"w1") == 1
+    assert batcher.publish_version(1, weights=b"w1") == 1  # a retry: no-op
+    assert int(r.get(keys.version)) == 1 and r.get(keys.weights(1)) == b"w1"
+    with pytest.raises(VersionConflict, match="at version 1; only 2 can follow"):
+        batcher.publish_version(3)
+    other = Batcher(r, small_config(), run=run)  # reads the version the run is at
+    assert other.publish_version() == 2
+    assert batcher.publish_version(2) == 2  # v again is a no-op, whoever published it
+    with pytest.raises(VersionConflict, match="at version 2; only 3 can follow"):
+        batcher.publish_version(4)
+    assert int(r.get(keys.version)) == 2
+
+
+def test_publish_version_refuses_oversized_weights(r, run):
+    batcher = Batcher(r, small_config(), run=run)
+    with pytest.raises(ConfigError, match="exceed the 64 MB"):
+        batcher.publish_version(weights=b"\0" * (64 * 2**20 + 1))
+    assert r.get(Keys(run).version) == b"0"
+
+
+def test_stale_heartbeats_do_not_count_as_live_producers(r, run, redis_url):
+    keys = Keys(run)
+    batcher = Batcher(r, small_config(), run=run)
+    r.zadd(keys.producers, {"dead-producer": server_ms(r) - 60_000})  # a minute ago
+    with pytest.raises(BatchTimeout, match="live producers: 0"):
+        batcher.get_batch("train", timeout_s=0.2)
+    status = cli("status", "--redis-url", redis_url, "--run", run)
+    assert "live producers 0" in status.stdout, status.stdout + status.stderr
+
+
+def test_operator_commands_refuse_a_run_that_does_not_exist(r, run, redis_url):
+    for command in ("pause", "resume", "status", "stop"):
+        out = cli(command, "--redis-url", redis_url, "--run", run)
+        assert out.returncode == 1, command
+        assert f"run {run!r} does not exist" in out.stderr
+    assert not list(r.scan_iter(match=Keys(run).pattern()))  # no key made for a typo
+
+
+class SlowGroupPolicy(RandomPolicy):
+    """Random actions; group `slow` takes `delay_s` per action."""
+
+    def __init__(self, slow: int, delay_s: float):
+        super().__init__()
+        self.slow, self.delay_s = slow, delay_s
+
+    async def act(self, observation: Any, ctx: StepContext):
+        if ctx.mode == "train" and ctx.group_id == self.slow:
+            await asyncio.sleep(self.delay_s)
+        return await super().act(observation, ctx)
+
+
+def test_two_sync_batchers_do_not_deadlock_when_one_finishes_first(r, run, producer_thread):
+    # group 1 (the odd batcher's) is slow: the even batcher has its batch long before. Its
+    # hand-out must not pause the producers while the odd batcher still waits.
+    config = small_config(rollout_batch_size=8)
+    keys = Keys(run)
+    even = Batcher(r, config, run=run, index=0, count=2)
+    odd = Batcher(r, config, run=run, index=1, count=2)
+    producer_thread(policy=SlowGroupPolicy(slow=1, delay_s=0.05))
+    assert set(even.get_batch("train", timeout_s=20).group_ids.tolist()) == {0, 2}
+    assert r.smembers(keys.pause) == set()  # the odd batcher still waits: producers run
+    assert set(odd.get_batch("train", timeout_s=20).group_ids.tolist()) == {1, 3}
+    assert r.smembers(keys.pause) == {b"sync"}  # both have their batch: paused
+    even.publish_version()
+    assert set(even.get_batch("train", timeout_s=20).episode_ids.tolist()) == {1}
+
+
+@pytest.mark.slow
+def test_up_exits_130_on_ctrl_c_even_when_sigint_was_ignored_at_start(run):
+    # under `nohup` or `&` in a script the process inherits SIGINT ignored
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollstream", "up", "--config", "configs/frozenlake_sync.yaml",
+         "--run", run, "--train-step-s", "0.2"], cwd=ROOT, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert proc.stdout is not None
+    lines: list[str] = []
+    while len([x for x in lines if x.startswith("step")]) < 1:
+        line = proc.stdout.readline()
+        assert line, "up exited early"
+        lines.append(line)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    sock = re.search(r"at unix://(\S+)/redis.sock", "".join(lines))
+    assert sock
+    ps = subprocess.run(["pgrep", "-f", sock.group(1)], capture_output=True, text=True)
+    assert ps.stdout == ""
+
+
+@pytest.mark.slow
+def test_up_exits_1_when_a_producer_dies(r, run, redis_url):
+    # a producer killed mid-run: the other takes its shards and the steps complete, but the
+    # run is not reported clean
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollstream", "up", "--config", "configs/frozenlake_async.yaml",
+         "--redis-url", redis_url, "--run", run, "--producers", "2", "--steps", "6",
+         "--train-step-s", "0.3"], cwd=ROOT, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    keys = Keys(run)
+    ids = wait_for(lambda: len(r.zrange(keys.producers, 0, -1)) == 2
+                   and r.zrange(keys.producers, 0, -1), timeout_s=60, what="two producers")
+    victim = int(ids[0].decode().split("-")[-2])
+    wait_for(lambda: r.get(keys.version) not in (None, b"0"), what="a first step")
+    subprocess.run(["kill", "-9", str(victim)], check=True)
+    out, err = proc.communicate(timeout=120)
+    assert len([x for x in out.splitlines() if x.startswith("step")]) == 6
+    assert proc.returncode == 1
+    assert "producers exited with" in err and "-9" in err
