@@ -95,7 +95,7 @@ def test_not_a_factory_and_not_a_policy(monkeypatch):
     monkeypatch.syspath_prepend(str(DATA))
     assert "'NOT_A_FACTORY' is a int, not a callable factory" in load_error(
         "toy_policies:NOT_A_FACTORY")
-    assert "returned a object without an act or act_now method" in load_error(
+    assert "returned a object without an act method" in load_error(
         "toy_policies:make_actless")
 
 

@@ -38,10 +38,9 @@ def load_python_policy(config: PythonPolicyConfig) -> Policy:
     except Exception as exc:
         raise PolicyError(f"policy.entrypoint {entrypoint!r}: the factory raised "
                           f"{one_line(exc)}") from None
-    if not callable(getattr(policy, "act", None)) and not callable(
-            getattr(policy, "act_now", None)):
+    if not callable(getattr(policy, "act", None)):
         raise PolicyError(f"policy.entrypoint {entrypoint!r}: the factory returned a "
-                          f"{type(policy).__name__} without an act or act_now method")
+                          f"{type(policy).__name__} without an act method")
     return policy  # type: ignore[no-any-return]
 
 
