@@ -93,9 +93,8 @@ class WeightsFollower:
         policy's. True when the policy holds the run version's weights (or nothing newer can
         exist); False when that version has no weights in Redis yet."""
         target = self.state.version
-        if target <= self.version and not self._first:
-            return True
         lowest = -1 if self._first else self.version  # the first look includes version 0
+        # newer than ours, newest first (none when we hold the run's version: no round trip)
         candidates = list(range(target, max(lowest, target - LOOKBACK_VERSIONS), -1))
         found = await self._newest(candidates)
         self._first = False

@@ -106,15 +106,15 @@ def test_sync_steps_wait_for_the_weights_of_the_current_version(r, run, producer
     batcher.publish_version(weights=weights_for(1))
     wait_for(policy.decoding.is_set, what="the producer to start decoding version 1")
     acts = policy.acts
+    follower = producer.weights
+    assert follower is not None
+    holds = follower.holds  # paused envs wait before their gate: nothing is held yet
     result: list[Batch] = []
     getter = threading.Thread(target=lambda: result.append(batcher.get_batch("train",
                                                                              timeout_s=30)))
     getter.start()  # lifts the sync pause: without the guard, envs would act with v0 now
-    follower = producer.weights
-    assert follower is not None
     wait_for(lambda: producer.state.version == 1 and not producer.state.paused,
              what="the producer to see version 1 unpaused")
-    holds = follower.holds
     wait_for(lambda: follower.holds >= holds + train_envs,
              what="every train env to be held back for the weights of version 1")
     assert policy.acts == acts  # nobody acted with version 0's weights at version 1
