@@ -167,45 +167,49 @@ def validate(batcher: Batcher, args: Args, step: int, started: float) -> float:
     return success
 
 
+CSV_FIELDS = ["step", "version", "wall_s", "train_success", "val_success", *TRAIN_METRICS]
+
+
 def train(batcher: Batcher, args: Args, out: Path) -> float:
-    """The training loop; returns the val success at the end."""
+    """The training loop; returns the val success at the end. One CSV row per step."""
     w = np.zeros(len(FEATURES), dtype=np.float64)  # version 0: the factory's uniform policy
     optimizer = Adam(args.lr)
     started = time.monotonic()
-    rows: list[dict[str, Any]] = [{"step": 0, "version": 0, "wall_s": 0.0, "train_success": "",
-                                   "val_success": validate(batcher, args, 0, started)}]
-    val_success = rows[0]["val_success"]
-    for step in range(1, args.steps + 1):
-        batch = batcher.get_batch("train", timeout_s=args.timeout_s)
-        advantages = grpo_advantages(batch)
-        w = optimizer.ascent(w, policy_gradient(w, batch, advantages))
-        batcher.ack(batch)
-        version = batcher.publish_version(weights=encode_weights(w))
-        train_success = float(batch.metrics[f"env/{TAG}/success"])
-        print(f"train step {step:3d} v{batch.version:<3d} "
-              f"{metric_line('', batch.metrics, TRAIN_METRICS)} "
-              f"wall_s={time.monotonic() - started:.1f}", flush=True)
-        row: dict[str, Any] = {"step": step, "version": version,
-                               "wall_s": round(time.monotonic() - started, 3),
-                               "train_success": train_success, "val_success": ""}
-        row.update({name: batch.metrics.get(name, 0.0) for name in TRAIN_METRICS})
-        if step % args.val_every == 0 or step == args.steps:
-            val_success = row["val_success"] = validate(batcher, args, step, started)
-        rows.append(row)
-    write_progress(out, rows)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "progress.csv", "w", newline="") as csv_file:
+        progress = csv.DictWriter(csv_file, fieldnames=CSV_FIELDS, restval="")
+        progress.writeheader()
+        val_success = validate(batcher, args, 0, started)
+        rows: list[dict[str, Any]] = [{"step": 0, "version": 0, "wall_s": 0.0,
+                                       "val_success": val_success}]
+        progress.writerow(rows[0])
+        for step in range(1, args.steps + 1):
+            batch = batcher.get_batch("train", timeout_s=args.timeout_s)
+            advantages = grpo_advantages(batch)
+            w = optimizer.ascent(w, policy_gradient(w, batch, advantages))
+            batcher.ack(batch)
+            version = batcher.publish_version(weights=encode_weights(w))
+            print(f"train step {step:3d} v{batch.version:<3d} "
+                  f"{metric_line('', batch.metrics, TRAIN_METRICS)} "
+                  f"wall_s={time.monotonic() - started:.1f}", flush=True)
+            row: dict[str, Any] = {"step": step, "version": version,
+                                   "wall_s": round(time.monotonic() - started, 3),
+                                   "train_success": batch.metrics[f"env/{TAG}/success"]}
+            row.update({name: batch.metrics.get(name, 0.0) for name in TRAIN_METRICS})
+            if step % args.val_every == 0 or step == args.steps:
+                val_success = row["val_success"] = validate(batcher, args, step, started)
+            progress.writerow(row)
+            csv_file.flush()
+            rows.append(row)
+    plot_curve(out, rows)
     return val_success
 
 
-def write_progress(out: Path, rows: list[dict[str, Any]]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "progress.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[-1]))
-        writer.writeheader()
-        writer.writerows(rows)
+def plot_curve(out: Path, rows: list[dict[str, Any]]) -> None:
     from rollstream.plots import plot_series
 
-    train = [r for r in rows if r["train_success"] != ""]
-    val = [r for r in rows if r["val_success"] != ""]
+    train = [r for r in rows if "train_success" in r]
+    val = [r for r in rows if "val_success" in r]
     try:
         png = plot_series(out / "learning_curve.png", {
             "train success": ([r["step"] for r in train], [r["train_success"] for r in train]),
@@ -220,7 +224,8 @@ def write_progress(out: Path, rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    np.random.seed(args.seed)  # the trainer draws nothing; episode seeds come from the config
+    # seeding: every episode's map and every sampled action derive from `args.seed` (numpy
+    # SeedSequence per episode and member, in the producers), so a sync run repeats exactly
     config = rollout_config(args)
     mode = "sync" if config.is_sync else f"async (ratio {config.ratio})"
     try:  # Ctrl+C and SIGTERM: the same cleanup, nothing left running
