@@ -114,6 +114,20 @@ def test_up_trainer_runs_the_script_with_the_run_in_its_environment(tmp_path):
 
 
 @pytest.mark.slow
+def test_up_trainer_hands_the_config_path_and_returns_any_status(tmp_path):
+    config = ROOT / "configs" / "frozenlake_sync.yaml"
+    done = subprocess.run([sys.executable, "-m", "rollstream", "up", "--config", str(config),
+                           "--run", "envcheck", "--producers", "1", "--trainer",
+                           f"{ROOT / 'tests' / 'data' / 'env_trainer.py'} 3"],
+                          capture_output=True, text=True, cwd=tmp_path, env=clean_env(),
+                          timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "ROLLSTREAM_RUN=envcheck" in done.stdout
+    assert f"ROLLSTREAM_CONFIG={config}" in done.stdout
+    assert "url handed: True" in done.stdout
+
+
+@pytest.mark.slow
 def test_up_trainer_returns_the_scripts_status_and_passes_ctrl_c_on(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "rollstream", "up", "--trainer",
                           f"{EXAMPLE} --steps many"], capture_output=True, text=True,
