@@ -26,6 +26,7 @@ from producers.envs import build_env
 from producers.leases import Leases, ShardId, claim_order, fair_share
 from producers.policies import Policy, make_policy
 from producers.rollout import Abandoned, EnvSlot, failed_trajectory, play_episode
+from producers.weights import WeightsFollower, takes_weights
 from schemas.backoff import Backoff
 from schemas.codec import encode_trajectory
 from schemas.config import RolloutConfig
@@ -206,11 +207,20 @@ class Producer:
         self.committer = Committer(redis, self.keys, self.producer_id)
         self.leases = Leases(redis, self.keys, self.producer_id, config.lease_ttl_s)
         self.redis = redis
+        self.weights: WeightsFollower | None = None
+        if takes_weights(self.policy):
+            self.weights = WeightsFollower(redis, self.keys, self.policy, self.state,
+                                           sync=config.is_sync,
+                                           retry_s=self.poll_interval_s)
         await self._first_refresh(watcher)
+        await self._first_weights()  # a late joiner acts with the newest weights at once
         background = [
             asyncio.create_task(watcher.run(self._stop, Backoff(name="control"))),
             asyncio.create_task(self.committer.run(self._stop, Backoff(name="commit"))),
         ]
+        if self.weights is not None:
+            background.append(asyncio.create_task(
+                self.weights.run(self._stop, Backoff(name="weights"))))
         try:  # hear the others' lease announcements before taking part in the shard split
             await asyncio.wait_for(watcher.subscribed.wait(), 5.0)
         except asyncio.TimeoutError:
@@ -224,6 +234,8 @@ class Producer:
             close = getattr(self.policy, "close", None)
             if close is not None:
                 await close()
+        if self.weights is not None and self.weights.error is not None:
+            raise self.weights.error  # the policy refused its weights: exit 1 with that line
 
     async def _first_refresh(self, watcher: ControlWatcher) -> None:
         assert self._stop is not None
@@ -234,6 +246,20 @@ class Producer:
                 return
             except RedisError as exc:
                 await backoff.sleep(f"control read failed: {exc}")
+
+    async def _first_weights(self) -> None:
+        assert self._stop is not None
+        backoff = Backoff(name="weights")
+        while self.weights is not None and not self._stop.is_set():
+            try:
+                await self.weights.refresh()
+                return
+            except RedisError as exc:
+                await backoff.sleep(f"weights fetch failed: {exc}")
+
+    def _acting_version(self) -> int:
+        """The version a step records: the weights' for a policy that takes weights."""
+        return self.weights.version if self.weights is not None else self.state.version
 
     # -- leases ------------------------------------------------------------------------------
     def all_shards(self) -> list[ShardId]:
@@ -405,18 +431,26 @@ class Producer:
                 return
 
     async def _gate(self, run: ShardRun, slot: EnvSlot, k: int) -> bool:
-        """Before each policy call: wait out a pause; False to abandon the episode."""
+        """Before each policy call: wait out a pause, and in sync mode wait for the run
+        version's weights (a step stamped older would be dropped); False to abandon."""
         state = self.state
         schedule = self.schedules[slot.mode]
+        weights = self.weights
         while True:
-            if self._leaving(run) and (state.paused or self._stopping):
+            unweighted = weights is not None and weights.must_wait(state.version)
+            if self._leaving(run) and (state.paused or unweighted or self._stopping):
                 return False  # the next owner replays the episode with the same seed
             if slot.mode == "val":
-                return state.val_round == slot.round
-            if schedule.expired(k, state.version):
+                if state.val_round != slot.round:
+                    return False
+                if not unweighted:
+                    return True
+            elif schedule.expired(k, state.version):
                 return False
-            if not state.paused:
+            elif not (state.paused or unweighted):
                 return True
+            if unweighted and weights is not None:
+                weights.holds += 1
             await state.wait_change()
 
     async def _episode(self, run: ShardRun, slot: EnvSlot) -> bool:
@@ -461,6 +495,7 @@ class Producer:
                     slot, seed=self.config.seed, producer_id=self.producer_id,
                     policy=self.policy, control=self.state,
                     gate=lambda: self._gate(run, slot, slot.k),
+                    acting_version=self._acting_version,
                 )
             except Abandoned:
                 return None

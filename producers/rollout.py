@@ -93,12 +93,15 @@ async def play_episode(
     policy: Policy,
     control: ControlState,
     gate: Callable[[], Awaitable[bool]],
+    acting_version: Callable[[], int] | None = None,
 ) -> dict[str, Any]:
     """Play episode `slot.k` and return its trajectory message (not yet encoded).
 
     `gate()` runs before the first policy call and again whenever the control state has
-    changed since (version, pause, val round, stop, a shard handover): it waits out a pause
-    and returns False to abandon the episode. In between, a step costs one integer compare.
+    changed since (version, pause, val round, stop, a shard handover, new weights): it waits
+    out a pause and returns False to abandon the episode. In between, a step costs one integer
+    compare. Each step records `acting_version()` as read after the gate last passed (default
+    the run's version; for a policy with weights, the version of the weights it holds).
     Env exceptions propagate; the caller retries with the same seed.
     """
     k = slot.k
@@ -114,6 +117,8 @@ async def play_episode(
     score = 0.0
     terminated = truncated = False
     seen = -1  # the control generation the gate last passed
+    version_of = acting_version or (lambda: control.version)
+    acting = control.version
 
     if slot.threaded:
         observation, info = await in_daemon_thread(env.reset, seed=env_seed)
@@ -124,7 +129,8 @@ async def play_episode(
             seen = control.generation
             if not await gate():
                 raise Abandoned(f"episode {k} of env {slot.env_id}")
-        step_version = ctx.version = control.version
+            acting = version_of()
+        step_version = ctx.version = acting
         ctx.turn = len(steps)
         t0 = time.perf_counter()
         chosen = act_now(observation, ctx) if act_now is not None else None

@@ -2,6 +2,7 @@
 
     rollstream config check FILE [--json]      the env layout of a config
     rollstream up --config FILE [...]          Redis + producers + a trainer loop, locally
+    rollstream up --trainer "SCRIPT [ARGS]"    the same with your own trainer script
     rollstream train --config FILE --redis-url URL [...]   only the trainer loop
     rollstream produce --redis-url URL --run NAME [--max-shards K]
     rollstream pause | resume                  the operator's pause of a run's train rollouts
@@ -57,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run Redis, producers and a trainer loop here")
     train = sub.add_parser("train", help="only the stand-in trainer loop; producers elsewhere")
     for parser_ in (up, train):
-        parser_.add_argument("--config", required=True, help="rollout config YAML")
+        parser_.add_argument("--config", required=parser_ is train, help="rollout config YAML")
         _redis_args(parser_, config=False)
         parser_.add_argument("--steps", type=_positive_int, default=None,
                              help="stop after N steps")
@@ -71,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                              help="run a val round every N train steps (0: never)")
     up.add_argument("--producers", type=_positive_int, default=None,
                     help="producer processes (default: enough for the shards, at most cores)")
+    up.add_argument("--trainer", default=None, metavar='"SCRIPT [ARGS]"',
+                    help="run this Python script as the trainer (it publishes its own config; "
+                         "ROLLSTREAM_REDIS_URL, ROLLSTREAM_RUN and, with --config, "
+                         "ROLLSTREAM_CONFIG in its environment); its exit status is up's")
 
     produce = sub.add_parser("produce", help="run a producer process")
     _redis_args(produce)
@@ -216,6 +221,10 @@ def _lookup(args: argparse.Namespace) -> tuple[str | None, str]:
 def _up(args: argparse.Namespace) -> int:
     from rollstream.launcher import UpOptions, train, up
 
+    if getattr(args, "trainer", None):
+        return _up_trainer(args)
+    if not args.config:
+        raise UsageError("up needs --config FILE (or --trainer SCRIPT)")
     config = _load_checked(args.config)
     url = resolve_redis_url(args.redis_url, config)
     if url or args.command == "train":
@@ -226,6 +235,32 @@ def _up(args: argparse.Namespace) -> int:
                      timeout_s=args.timeout_s, val_every=args.val_every,
                      log_level=args.log_level)
     return up(opts) if args.command == "up" else train(opts)
+
+
+def _up_trainer(args: argparse.Namespace) -> int:
+    """`up --trainer`: the user's script instead of the stand-in trainer loop."""
+    import os
+    import shlex
+
+    from rollstream.launcher import default_producers, up_trainer
+
+    script = shlex.split(args.trainer)
+    if not script or not os.path.isfile(script[0]):
+        raise UsageError(f"--trainer: no script file {script[0] if script else ''!r}")
+    stand_in = [flag for flag, value, default in (
+        ("--steps", args.steps, None), ("--seconds", args.seconds, None),
+        ("--train-step-s", args.train_step_s, 0.0), ("--val-every", args.val_every, 0))
+        if value != default]
+    if stand_in:
+        raise UsageError(f"{', '.join(stand_in)}: flags of the stand-in trainer, not of "
+                         "--trainer (pass them to your script)")
+    config = _load_checked(args.config) if args.config else None
+    url = resolve_redis_url(args.redis_url, config)
+    if url:
+        _client(url).close()  # checks the URL's form before anything starts
+    producers = args.producers or (default_producers(config) if config else os.cpu_count() or 1)
+    return up_trainer(script, url, resolve_run(args.run, config), producers, args.log_level,
+                      config_path=args.config)
 
 
 def _produce(args: argparse.Namespace) -> int:

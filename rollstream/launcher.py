@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TextIO
@@ -48,13 +48,25 @@ def default_producers(config: RolloutConfig) -> int:
     return max(1, min(shards, os.cpu_count() or 1))
 
 
-def start_producers(url: str, run: str, count: int, log_level: str) -> list[subprocess.Popen]:
-    """Producer processes in their own session (a terminal's Ctrl+C reaches only us). The URL
-    and run travel in their environment, never on argv (`ps` shows argv; a URL can hold a
-    password)."""
+def start_producers(url: str, run: str, count: int, log_level: str,
+                    pythonpath: Sequence[str] = ()) -> list[subprocess.Popen]:
+    """Producer processes in their own session (a terminal's Ctrl+C reaches only us).
+
+    The Redis URL and run name travel in their environment, never on argv (`ps` shows argv;
+    a URL can hold a password); `pythonpath` folders come first on their PYTHONPATH (a
+    policy's module)."""
     cmd = [sys.executable, "-m", "rollstream", "--log-level", log_level, "produce"]
-    env = {**os.environ, "ROLLSTREAM_REDIS_URL": url, "ROLLSTREAM_RUN": run}
+    env = child_env(url, run, pythonpath)
     return [spawn(cmd, env=env) for _ in range(count)]
+
+
+def child_env(url: str, run: str, pythonpath: Sequence[str] = ()) -> dict[str, str]:
+    """This environment plus the run's URL and name, and `pythonpath` first on PYTHONPATH."""
+    env = {**os.environ, "ROLLSTREAM_REDIS_URL": url, "ROLLSTREAM_RUN": run}
+    paths = [*pythonpath, *filter(None, [env.get("PYTHONPATH")])]
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
 
 
 def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 15.0) -> list[int]:
@@ -200,3 +212,60 @@ def train(opts: UpOptions, out: TextIO = sys.stdout) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=out, flush=True)
         return EXIT_INTERRUPTED
+
+
+TRAINER_STOP_S = 30.0  # after Ctrl+C, the trainer script's time to clean up before SIGTERM
+
+
+def up_trainer(script: Sequence[str], redis_url: str | None, run: str, producers: int,
+               log_level: str, config_path: str | None = None,
+               out: TextIO = sys.stdout) -> int:
+    """`rollstream up --trainer SCRIPT`: Redis (embedded unless a URL is given), producers, and
+    the user's script in place of the stand-in trainer. The script gets ROLLSTREAM_REDIS_URL,
+    ROLLSTREAM_RUN (and ROLLSTREAM_CONFIG with `--config`) in its environment, its folder is
+    on the producers' PYTHONPATH, and its exit status is returned (128 + N for signal N)."""
+    try:
+        with interrupt_signals():
+            return _up_trainer(script, redis_url, run, producers, log_level, config_path, out)
+    except KeyboardInterrupt:  # a second Ctrl+C, or one before the script started
+        print("interrupted", file=out, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _up_trainer(script: Sequence[str], redis_url: str | None, run: str, producers: int,
+                log_level: str, config_path: str | None, out: TextIO) -> int:
+    folder = os.path.dirname(os.path.abspath(script[0]))
+    with redis_server(redis_url) as url:
+        procs = start_producers(url, run, producers, log_level, pythonpath=[folder])
+        trainer: subprocess.Popen | None = None
+        try:
+            env = child_env(url, run, [folder])
+            if config_path:
+                env["ROLLSTREAM_CONFIG"] = os.path.abspath(config_path)
+            print(f"rollstream up: run {run!r}, {producers} producer(s), trainer "
+                  f"{' '.join(script)}", file=out, flush=True)
+            trainer = spawn([sys.executable, *script], env=env)
+            return _wait_trainer(trainer)
+        finally:
+            if trainer is not None:
+                stop_processes([trainer])
+            stop_processes(procs)
+
+
+def _wait_trainer(trainer: subprocess.Popen) -> int:
+    """The trainer's exit status; Ctrl+C is passed on to it once (it runs in its own session,
+    so only we get the terminal's signal) and it gets `TRAINER_STOP_S` to clean up."""
+    try:
+        trainer.wait()
+    except KeyboardInterrupt:
+        trainer.send_signal(signal.SIGINT)
+        try:
+            trainer.wait(TRAINER_STOP_S)
+        except subprocess.TimeoutExpired:
+            logger.warning("trainer pid %d still running %.0fs after Ctrl+C; stopping it",
+                           trainer.pid, TRAINER_STOP_S)
+    code = trainer.poll()
+    if code is None:
+        stop_processes([trainer])
+        code = trainer.returncode
+    return 128 - code if code < 0 else code

@@ -131,9 +131,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "batcher-sync-pause", "consumer/batcher.py",
-        "self._set_pause(self.sync_reason, True)",
-        "pass  # (mutant) no sync pause",
-        "sync mode: handing out a train batch sets the batcher's pause reason",
+        "    redis.call('SADD', KEYS[3], 'sync')",
+        "    -- (mutant) no sync pause",
+        "sync mode: handing out a train batch sets the sync pause (once every batcher has one)",
         ("tests/test_rollout.py::test_sync_pause_stops_xadds_and_next_get_batch_resumes",
          "tests/test_rollout.py::test_two_batchers_split_the_groups"),
     ),

@@ -12,8 +12,18 @@ The protocol a policy follows (only `act` is required):
   `PolicyError` to make the producer exit 1 with that one line.
 - `async close()`: once, when the producer stops.
 
+Weights by version, for a policy that learns through the stream (`producers/weights.py`):
+- `set_weights(version, decoded)`: cheap, on the event loop, between steps; from then on the
+  policy acts with the weights the trainer published for `version`
+  (`Batcher.publish_version(weights=...)`, stored at `{RUN}:weights:VERSION`).
+- `decode_weights(data: bytes) -> decoded`: optional, pure, may be slow: the producer runs it
+  in a worker thread, off the event loop (without it, `set_weights` gets the bytes).
+The producer fetches each version once (not once per env); a policy without `set_weights`
+ignores weights (random, openai).
+
 The version a step records is the `Turn`'s own `version` when the policy knows it (an
-inference server reported it), else `ctx.version`: the version the producer acts with.
+inference server reported it), else `ctx.version`: the version the producer acts with, which
+for a policy with `set_weights` is the version of the weights it holds (0: the factory's).
 """
 
 from __future__ import annotations
@@ -91,6 +101,12 @@ class Policy(Protocol):
 
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | Turn | None]:
         ...
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as `Type: message` on one line (for a `PolicyError`)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def make_policy(config: PolicyConfig) -> Policy:

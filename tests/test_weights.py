@@ -1,0 +1,186 @@
+"""Weights by version through Redis: producers fetch each version once, act with it, and
+record on every step the version of the weights that chose it; sync waits for the weights
+of the current version. The test policy's action *is* its weights (`WeightedPolicy`), so each
+step tells which weights chose it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from helpers import small_config, wait_for
+from redis.asyncio import Redis as AsyncRedis
+
+from consumer import Batch, Batcher
+from producers.control import ControlState
+from producers.weights import WeightsFollower
+from schemas.keys import Keys
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
+from toy_policies import BadWeightsPolicy, WeightedPolicy, weights_for  # noqa: E402
+
+
+def steps_of(batch: Batch) -> list[dict]:
+    return [step for traj in batch.trajectories for step in traj["steps"]]
+
+
+def assert_chosen_by_stamped_weights(batch: Batch) -> None:
+    """Weights of version v take action v: every step's action equals its recorded version."""
+    for traj in batch.trajectories:
+        for step in traj["steps"]:
+            assert step["action"] == step["version"], (traj["traj_id"], step)
+
+
+def test_actions_follow_published_weights_fetched_once_per_version(r, run, producer_thread):
+    config = small_config()  # sync: every step of a batch is chosen by its version's weights
+    batcher = Batcher(r, config, run=run)
+    policy = WeightedPolicy(action=0)
+    producer = producer_thread(policy=policy).producer
+    for version in (1, 2, 3):
+        batch = batcher.get_batch("train", timeout_s=30)
+        assert {s["version"] for s in steps_of(batch)} == {version - 1}
+        assert_chosen_by_stamped_weights(batch)
+        batcher.ack(batch)
+        assert batcher.publish_version(weights=weights_for(version)) == version
+    batch = batcher.get_batch("train", timeout_s=30)
+    assert {s["action"] for s in steps_of(batch)} == {3}
+    assert_chosen_by_stamped_weights(batch)
+    # once per producer per version, for all its 24 envs
+    assert policy.decoded == [1, 2, 3]
+    assert producer.weights is not None and producer.weights.loads == 3
+    # decoded off the event loop, set on it
+    assert policy.decode_threads.isdisjoint(policy.set_threads)
+    assert len(policy.set_threads) == 1
+
+
+def test_steps_record_the_loaded_version_not_the_runs(r, run, producer_thread):
+    # the run moves to version 4 whose weights are not in Redis (not yet written, or never):
+    # steps keep acting with version 3's weights and must say 3, not 4
+    config = small_config(async_generation_ratio=1)
+    batcher = Batcher(r, config, run=run)
+    for version in (1, 2, 3):
+        batcher.publish_version(weights=weights_for(version))
+    producer_thread(policy=WeightedPolicy(action=0))
+    batcher.ack(batcher.get_batch("train", timeout_s=30))
+    keys = Keys(run)
+    r.incr(keys.version)
+    r.publish(keys.control, b"version")
+    started_at_4 = []
+    while not started_at_4:  # T = 1: episode 5 is admitted only once the run is at 4
+        batch = batcher.get_batch("train", timeout_s=30)
+        assert batch.version == 4
+        assert_chosen_by_stamped_weights(batch)
+        started_at_4 = [t for t in batch.trajectories if t["episode_id"] == 5]
+        batcher.ack(batch)
+    assert {s["version"] for t in started_at_4 for s in t["steps"]} == {3}
+
+
+def test_late_joiner_loads_only_the_newest_weights(r, run, producer_thread):
+    config = small_config(async_generation_ratio=1)
+    batcher = Batcher(r, config, run=run)
+    for version in (1, 2, 3):
+        batcher.publish_version(weights=weights_for(version))
+    policy = WeightedPolicy(action=0)
+    producer_thread(policy=policy)
+    batch = batcher.get_batch("train", timeout_s=30)
+    assert {s["version"] for s in steps_of(batch)} == {3}
+    assert_chosen_by_stamped_weights(batch)
+    assert policy.decoded == [3]
+    assert batch.metrics["scheduler/stale_dropped"] == 0  # loaded before its first step
+
+
+def test_sync_steps_wait_for_the_weights_of_the_current_version(r, run, producer_thread):
+    config = small_config()  # sync
+    train_envs = config.train_env_manager.num_envs
+    batcher = Batcher(r, config, run=run)
+    policy = WeightedPolicy(action=0)
+    producer = producer_thread(policy=policy).producer
+    first = batcher.get_batch("train", timeout_s=30)
+    assert {s["version"] for s in steps_of(first)} == {0}
+    batcher.ack(first)
+    policy.hold = threading.Event()  # the decode of version 1 blocks until released
+    batcher.publish_version(weights=weights_for(1))
+    wait_for(policy.decoding.is_set, what="the producer to start decoding version 1")
+    acts = policy.acts
+    follower = producer.weights
+    assert follower is not None
+    holds = follower.holds  # paused envs wait before their gate: nothing is held yet
+    result: list[Batch] = []
+    getter = threading.Thread(target=lambda: result.append(batcher.get_batch("train",
+                                                                             timeout_s=30)))
+    getter.start()  # lifts the sync pause: without the guard, envs would act with v0 now
+    wait_for(lambda: producer.state.version == 1 and not producer.state.paused,
+             what="the producer to see version 1 unpaused")
+    wait_for(lambda: follower.holds >= holds + train_envs,
+             what="every train env to be held back for the weights of version 1")
+    assert policy.acts == acts  # nobody acted with version 0's weights at version 1
+    policy.hold.set()
+    getter.join(30)
+    assert result, "get_batch did not return"
+    batch = result[0]
+    assert {s["version"] for s in steps_of(batch)} == {1}
+    assert_chosen_by_stamped_weights(batch)
+    assert batch.metrics["scheduler/stale_dropped"] == 0
+
+
+def test_weights_the_policy_cannot_decode_stop_the_producer_with_one_line(
+        r, run, producer_thread, caplog):
+    config = small_config(async_generation_ratio=1)
+    batcher = Batcher(r, config, run=run)
+    thread = producer_thread(policy=BadWeightsPolicy())
+    batcher.get_batch("train", timeout_s=30)
+    with caplog.at_level(logging.ERROR, logger="producers.producer"):
+        batcher.publish_version(weights=weights_for(1))
+        thread.thread.join(20)
+        assert thread.result == [1]
+    errors = [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    size = len(weights_for(1))
+    assert (f"policy.decode_weights failed on {{{run}}}:weights:1 ({size} bytes): ValueError: "
+            "these are not my weights") in errors[0]
+
+
+def test_follower_takes_the_newest_weights_at_or_below_the_run_version(redis_url, run, r):
+    keys = Keys(run)
+    r.set(keys.weights(3), weights_for(3))
+    r.set(keys.weights(4), weights_for(4))
+    r.set(keys.weights(6), weights_for(6))  # newer than the run: not for now
+
+    async def scenario() -> None:
+        client = AsyncRedis.from_url(redis_url)
+        state = ControlState()
+        policy = WeightedPolicy()
+        follower = WeightsFollower(client, keys, policy, state, sync=True)
+        try:
+            state.update(5, frozenset(), 0, False)
+            assert not await follower.refresh()  # 5 has none yet: the newest older one
+            assert (follower.version, policy.decoded) == (4, [4])
+            assert follower.must_wait(5)
+            assert not await follower.refresh()  # still none: nothing fetched again
+            assert policy.decoded == [4]
+            await client.set(keys.weights(5), weights_for(5))
+            assert await follower.refresh()
+            assert (follower.version, policy.decoded, follower.must_wait(5)) == (5, [4, 5], False)
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_no_weights_yet_acts_with_the_factorys_as_version_0(redis_url, run, sync):
+    async def scenario() -> None:
+        client = AsyncRedis.from_url(redis_url)
+        follower = WeightsFollower(client, Keys(run), WeightedPolicy(), ControlState(),
+                                   sync=sync)
+        try:
+            assert await follower.refresh()
+            assert follower.version == 0 and not follower.must_wait(0)
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
