@@ -267,6 +267,10 @@ class Batcher:
             if not state.recovered:
                 self._recover(state)
             self._evict_expired(state)
+            if self._ready_count(state) >= wanted:
+                # enough held already, but an older group may have completed in Redis since:
+                # one read that does not block, so oldest-first holds across what is unread
+                self._read(state, block_ms=None)
             while self._ready_count(state) < wanted:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -387,7 +391,8 @@ class Batcher:
                     nxt[stream] = cursor
             starts = nxt
 
-    def _read(self, state: ModeState, block_ms: int) -> None:
+    def _read(self, state: ModeState, block_ms: int | None) -> None:
+        """One XREADGROUP over the mode's streams (rotated); `block_ms` None: do not block."""
         streams = state.streams
         state.rotate = (state.rotate + 1) % len(streams)
         order = streams[state.rotate:] + streams[: state.rotate]

@@ -32,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GUARDS = "tests/test_guards.py"
+OPS = "tests/test_operations.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -150,6 +151,72 @@ MUTANTS: tuple[Mutant, ...] = (
         "play_episode(\n                    slot, seed=self.config.seed + attempt,",
         "a retried episode is reset with the same seed",
         ("tests/test_rollout.py::test_failing_env_drops_its_group_and_counts_it",),
+    ),
+    Mutant(
+        "batcher-read-before-hand-out", "consumer/batcher.py",
+        "self._read(state, block_ms=None)",
+        "pass  # (mutant) no read before a hand-out from held groups",
+        "oldest-first also across groups completed in Redis since the last read",
+        (f"{GUARDS}::test_an_older_group_completed_in_redis_goes_before_a_newer_one_already_"
+         "held",),
+    ),
+    Mutant(
+        "batcher-hand-out-undo", "consumer/batcher.py",
+        "for item, _ in chosen:  # nothing handed out: the groups stay ready\n"
+        "                    heapq.heappush(state.ready, item)",
+        "pass  # (mutant) a failed hand-out loses its groups",
+        "a hand-out whose Redis write fails hands nothing out (the batch cannot vanish)",
+        (f"{OPS}::test_a_sync_batch_survives_a_connection_lost_at_hand_out",),
+    ),
+    Mutant(
+        "batcher-sync-all-batchers", "consumer/batcher.py",
+        "if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[4]) then",
+        "if true then",
+        "several sync batchers pause the producers only once every one has its batch",
+        (f"{OPS}::test_two_sync_batchers_do_not_deadlock_when_one_finishes_first",),
+    ),
+    Mutant(
+        "publish-retry-noop", "consumer/batcher.py",
+        "if cur == v then return {0, cur} end",
+        "-- (mutant) publishing v again is not a no-op",
+        "publish_version(v) again (a retry after a lost reply) changes nothing",
+        (f"{OPS}::test_publish_version_is_a_compare_and_set",
+         f"{OPS}::test_publish_version_retried_after_a_lost_reply_moves_one_version"),
+    ),
+    Mutant(
+        "publish-no-gap", "consumer/batcher.py",
+        "if cur ~= v - 1 then return {-1, cur} end",
+        "-- (mutant) versions may skip",
+        "publish_version refuses a version that does not follow the run's",
+        (f"{OPS}::test_publish_version_is_a_compare_and_set",),
+    ),
+    Mutant(
+        "run-conflict", "consumer/batcher.py",
+        "        if conflicts:\n",
+        "        if False:\n",
+        "a reused run name with another layout, seed, ratio or batch size is refused",
+        (f"{OPS}::test_batcher_refuses_a_conflicting_config_but_takes_policy_changes",),
+    ),
+    Mutant(
+        "config-no-url", "schemas/config.py",
+        'return self.model_dump_json(exclude={"redis_url"})',
+        "return self.model_dump_json()",
+        "the published config never holds the Redis URL (it can hold a password)",
+        (f"{OPS}::test_the_published_config_holds_no_redis_url",),
+    ),
+    Mutant(
+        "live-by-heartbeat", "schemas/liveness.py",
+        'now - int(ttl_s * 1000), "+inf",',
+        '"-inf", "+inf",',
+        "live producers are counted by fresh heartbeats, not by the heartbeat set's size",
+        (f"{OPS}::test_stale_heartbeats_do_not_count_as_live_producers",),
+    ),
+    Mutant(
+        "producer-sync-weights", "producers/weights.py",
+        "return self.sync and self.version < run_version",
+        "return False",
+        "sync mode acts only with the weights of the run's version",
+        ("tests/test_weights.py::test_sync_steps_wait_for_the_weights_of_the_current_version",),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",

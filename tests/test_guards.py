@@ -247,10 +247,6 @@ def test_groups_completing_out_of_order_are_delivered_oldest_episode_first(r, ru
     assert batch.traj_group_ids == ["train-1-0"] * 4 + ["train-0-1"] * 4
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: oldest-first only orders groups already read; get_batch hands out a held complete "
-    "group without first reading what completed in Redis since, so an older complete group "
-    "waits behind a newer one (and may expire)"))
 def test_an_older_group_completed_in_redis_goes_before_a_newer_one_already_held(r, run):
     config = batcher_config()
     keys = Keys(run)

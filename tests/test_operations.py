@@ -8,15 +8,18 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
+import redis
 from helpers import ROOT, clean_env, small_config, wait_for
 from helpers import run_cli as cli
 
 from consumer import Batcher
 from producers.policies import StepContext
 from producers.policies.random import RandomPolicy
+from schemas.codec import unpack
 from schemas.errors import BatchTimeout, ConfigError, RunConflict, VersionConflict
 from schemas.keys import Keys
 from schemas.liveness import server_ms
@@ -170,3 +173,65 @@ def test_up_exits_1_when_a_producer_dies(r, run, redis_url):
     assert len([x for x in out.splitlines() if x.startswith("step")]) == 6
     assert proc.returncode == 1
     assert "producers exited with" in err and "-9" in err
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def work() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # travels to the test
+            out.append(exc)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_sync_batch_survives_a_connection_lost_at_hand_out(r, run, proxy, producer_thread):
+    # the hand-out's Redis write runs but its answer is lost with the connection: the batch
+    # must not vanish inside the Batcher; the same batch comes back, paused
+    config = small_config(rollout_batch_size=16)
+    keys = Keys(run)
+    client = redis.Redis.from_url(proxy.url, socket_timeout=10)
+    batcher = Batcher(client, config, run=run)
+    producer_thread()
+    # the hand-out script's keys, in a row: its inflight record, then the sync bookkeeping
+    inflight, handed = keys.inflight("train", "batcher-0"), keys.sync_handed
+    marker = f"{inflight}\r\n${len(handed)}\r\n{handed}".encode()
+    proxy.hold(marker)
+    thread, result = _in_thread(lambda: batcher.get_batch("train", timeout_s=20))
+    assert proxy.held.wait(30), "the hand-out never reached Redis"
+    proxy.lose_reply(then_hold=marker)  # it ran in Redis; the Batcher cannot know
+    recorded = unpack(r.get(keys.inflight("train", "batcher-0")))
+    assert proxy.held.wait(30), "the Batcher did not hand out again"
+    proxy.release()
+    thread.join(60)
+    batch = result[0]
+    assert not isinstance(batch, BaseException), batch
+    assert [[e.stream, e.entry_id] for e in batch.entries] == recorded
+    assert len(batch) == 16 and r.smembers(keys.pause) == {b"sync"}
+    client.close()
+
+
+def test_publish_version_retried_after_a_lost_reply_moves_one_version(r, run, proxy):
+    keys = Keys(run)
+    Batcher(r, small_config(), run=run)
+    client = redis.Redis.from_url(proxy.url, socket_timeout=10)
+    batcher = Batcher(client, small_config(), run=run)
+    proxy.hold(keys.version.encode() + b"\r\n$")  # the publish script's key argument
+    thread, result = _in_thread(lambda: batcher.publish_version(1, weights=b"w"))
+    assert proxy.held.wait(10)
+    proxy.lose_reply()
+    thread.join(30)
+    if isinstance(result[0], redis.ConnectionError):  # the README's retry: the same version
+        result[0] = batcher.publish_version(1, weights=b"w")
+    assert result[0] == 1
+    assert r.get(keys.version) == b"1" and r.get(keys.weights(1)) == b"w"
+    client.close()
+
+
+def test_the_published_config_holds_no_redis_url(r, run):
+    Batcher(r, small_config(redis_url="redis://:hunter2@db:6379/0"), run=run)
+    assert b"hunter2" not in r.get(Keys(run).config)
