@@ -88,6 +88,7 @@ class Producer:
         self._live = 0  # live producers at the last heartbeat (0: not joined yet)
         self._short_streak = 0  # heartbeats in a row that ended below the fair share
         self._handovers: set[asyncio.Task[None]] = set()
+        self._releasing: set[ShardId] = set()  # shards being handed over, lease not yet freed
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -339,8 +340,10 @@ class Producer:
         if self.shards.get(run.shard) is not run:
             return  # lost or stopped meanwhile
         self._drop_shard(run.shard, cancel=False)
+        self._releasing.add(run.shard)  # a stop cancelling this release releases it again
         try:
             await self.leases.release([run.shard])
+            self._releasing.discard(run.shard)
             await self._announce_leases()
             logger.info("handed over shard %s", run.shard)
         except RedisError as exc:
@@ -526,6 +529,7 @@ class Producer:
         held = list(self.shards)
         for shard in held:
             self._drop_shard(shard, cancel=False)
+        held += self._releasing  # handed over, but a stop cut their release short
         try:
             released = await self.leases.release(held)
             await self.leases.leave()
