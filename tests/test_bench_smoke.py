@@ -1,0 +1,37 @@
+"""Each benchmark runs end to end for a second or two (figures come from the full runs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from helpers import ROOT, clean_env
+
+pytestmark = pytest.mark.slow
+
+
+def bench(*args: str, timeout: float = 180) -> str:
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=clean_env(),
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_bench_async_prints_a_row_with_speedup_and_bound():
+    out = bench("bench/bench_async.py", "--steps", "1", "--groups", "2", "--group-size", "2",
+                "--envs-per-shard", "4", "--producers", "1", "--latency-s", "0.005")
+    rows = [line for line in out.splitlines() if line.startswith("| 4 | 1 |")]
+    assert len(rows) == 1 and rows[0].count("x") >= 3, out
+
+
+def test_bench_env_reset_prints_each_tag():
+    out = bench("bench/bench_env_reset.py", "--seeds", "20", "--step-seconds", "0.2")
+    for tag in ("SimpleSokoban", "LargerSokoban", "SokobanDifferentGridVocab", "FrozenLake"):
+        assert tag in out
+
+
+def test_bench_pipeline_prints_a_ratio():
+    out = bench("bench/bench_pipeline.py", "--seconds", "2", "--producers", "1",
+                "--warmup-batches", "1")
+    assert "x" in out and "traj/s" in out, out
