@@ -325,10 +325,12 @@ class FakeLLMServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    async def serve(self, stop: asyncio.Event) -> None:
-        """Serve in the running loop until `stop` is set."""
+    async def serve(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        """Serve in the running loop until `stop` is set; `ready` is set once listening."""
         self._loop = asyncio.get_running_loop()
         await self._open()
+        if ready is not None:
+            ready.set()
         try:
             await stop.wait()
         finally:
@@ -679,10 +681,11 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda s=sig: (received.append(s), stop.set()))
-        task = asyncio.create_task(server.serve(stop))
-        while server._runner is None and not task.done():
-            await asyncio.sleep(0.01)
-        if not task.done():
+        ready = asyncio.Event()
+        task = asyncio.create_task(server.serve(stop, ready))
+        await asyncio.wait([task, asyncio.create_task(ready.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+        if ready.is_set():
             print(f"fake-llm: serving model {options.model!r} at {server.base_url}", flush=True)
         await task
 
