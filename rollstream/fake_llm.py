@@ -33,8 +33,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import hashlib
-import json
 import logging
 import math
 import os
@@ -73,6 +73,7 @@ def pieces(text: str) -> list[str]:
     return _PIECES.findall(text)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def token_id(piece: str) -> int:
     """A piece's id: fixed for special tokens, else a hash (the same in every process)."""
     special = SPECIAL_IDS.get(piece)
@@ -85,6 +86,14 @@ def encode(text: str) -> list[int]:
     return [token_id(p) for p in pieces(text)]
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _message_pieces(role: str, content: str, drop_thinking: bool) -> tuple[str, ...]:
+    """One rendered message (cached: every turn resends the earlier messages)."""
+    if drop_thinking and role == "assistant":
+        content = _THINK.sub("", content)
+    return ("<|im_start|>", role, "\n", *pieces(content), "<|im_end|>", "\n")
+
+
 def render_prompt(messages: list[dict[str, Any]], *, drop_thinking: bool = False) -> list[str]:
     """The prompt's tokens: `<|im_start|>role\\ncontent<|im_end|>\\n` per message, then the
     generation prompt `<|im_start|>assistant\\n`. A reply's tokens are its content's tokens
@@ -95,9 +104,7 @@ def render_prompt(messages: list[dict[str, Any]], *, drop_thinking: bool = False
         role, content = str(message.get("role", "")), message.get("content") or ""
         if not isinstance(content, str):  # a list of content parts: their text
             content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-        if drop_thinking and role == "assistant":
-            content = _THINK.sub("", content)
-        out += ["<|im_start|>", role, "\n", *pieces(content), "<|im_end|>", "\n"]
+        out += _message_pieces(role, content, drop_thinking)
     out += ["<|im_start|>", "assistant", "\n"]
     return out
 
@@ -393,9 +400,11 @@ class FakeLLMServer:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request):
             return _unauthorized()
+        import orjson
+
         raw = await request.read()
         try:
-            body = json.loads(raw)
+            body = orjson.loads(raw)
             messages = body["messages"]
             model = body["model"]
         except (ValueError, KeyError, TypeError) as exc:
@@ -606,9 +615,10 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> we
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
+    import orjson
     from aiohttp import web
 
-    return web.Response(body=json.dumps(data).encode(), status=status,
+    return web.Response(body=orjson.dumps(data), status=status,
                         content_type="application/json")
 
 

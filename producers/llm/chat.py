@@ -9,8 +9,10 @@ message (`agent_template` filled with `turn_idx`, `observation`, `actions_left`,
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import numpy as np
+import orjson
 
 from producers.policies import StepContext, Turn
 from schemas.envspec import AgentPrompt
@@ -59,7 +61,7 @@ def request_body(model: str, messages: list[dict[str, str]], *, temperature: flo
         body["top_k"] = top_k
     if extra_body:
         body.update(extra_body)
-    return json.dumps(body, ensure_ascii=False).encode()
+    return orjson.dumps(body)
 
 
 def turn_from_answer(data: dict[str, Any]) -> Turn:
@@ -71,14 +73,15 @@ def turn_from_answer(data: dict[str, Any]) -> Turn:
     `meta_info.weight_version`) when it is an integer."""
     choice = data["choices"][0]
     message = choice.get("message") or {}
-    logprobs = None
+    logprobs: np.ndarray | None = None
     content = (choice.get("logprobs") or {}).get("content")
     if content:
-        logprobs = [float(item["logprob"]) for item in content]
+        logprobs = np.fromiter((item["logprob"] for item in content), dtype=np.float32,
+                               count=len(content))
     turn = Turn(
         text=message.get("content") or "",
-        prompt_ids=data.get("prompt_token_ids"),
-        response_ids=choice.get("token_ids"),
+        prompt_ids=_int32(data.get("prompt_token_ids")),
+        response_ids=_int32(choice.get("token_ids")),
         logprobs=logprobs,
         finish_reason=choice.get("finish_reason"),
     )
@@ -86,6 +89,13 @@ def turn_from_answer(data: dict[str, Any]) -> Turn:
     if version is not None:
         turn.version, turn.version_source = version, "server"
     return turn
+
+
+def _int32(ids: list[int] | None) -> np.ndarray | None:
+    """Token ids as the int32 array the step carries (fromiter: twice as fast as asarray)."""
+    if ids is None:
+        return None
+    return np.fromiter(ids, dtype=np.int32, count=len(ids))
 
 
 def _weight_version(data: dict[str, Any]) -> int | None:

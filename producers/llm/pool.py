@@ -12,7 +12,8 @@ A server marked down is tried again after a cooldown (0.25 s doubling to 5 s) by
 request, so a dead server is not flooded. While every server is down, requests wait: one log
 line when all are down, one when a server is back.
 
-aiohttp, not httpx: measured against the stand-in server with 1,000 requests in flight,
+JSON with orjson: decoding a reply (logprobs, ~700 prompt ids) took 69 us with the standard
+library and 19 us with orjson here. aiohttp, not httpx: measured against the stand-in server with 1,000 requests in flight,
 aiohttp's client cost 0.42-0.48 ms of CPU per request and httpx's 18-22 ms (1.65 ms with 10
 in flight); see bench/bench_llm.py --compare-clients.
 """
@@ -20,13 +21,13 @@ in flight); see bench/bench_llm.py --compare-clients.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from schemas.errors import EpisodeFailed, PolicyError
 
@@ -169,7 +170,7 @@ class ServerPool:
         if status >= 500 or status in TRANSIENT_4XX:
             return None
         try:
-            return {str(card["id"]) for card in json.loads(raw)["data"]}
+            return {str(card["id"]) for card in orjson.loads(raw)["data"]}
         except (ValueError, KeyError, TypeError):
             return set()  # not an OpenAI model list: serves nothing we can name
 
@@ -222,10 +223,10 @@ class ServerPool:
             raise EpisodeFailed(f"model server {server.base_url} refused the request "
                                 f"(HTTP {status}): {_message(raw)}")
         try:
-            data = json.loads(raw)
+            data = orjson.loads(raw)
             if not isinstance(data, dict) or not data.get("choices"):
                 raise ValueError("no choices")
-        except ValueError as exc:
+        except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
             raise EpisodeFailed(f"model server {server.base_url} answered HTTP {status} "
                                 f"without a completion ({exc})") from None
         return data, latency_s
@@ -327,7 +328,7 @@ def _message(raw: bytes) -> str:
     """The error message of an error body (vLLM's `{"error": {"message"}}`, older servers'
     `{"message"}`), else its first 200 characters."""
     try:
-        data = json.loads(raw)
+        data = orjson.loads(raw)
         error = data.get("error", data) if isinstance(data, dict) else data
         if isinstance(error, dict) and "message" in error:
             return str(error["message"])[:200]

@@ -20,7 +20,6 @@ import logging
 import os
 from typing import Any
 
-from producers.llm.chat import messages_for_turn, request_body, turn_from_answer, turn_seed
 from producers.policies import StepContext, Turn
 from schemas.envspec import AgentPrompt, EnvSpec
 from schemas.errors import PolicyError
@@ -41,11 +40,13 @@ class OpenAIPolicy:
 
     def __init__(self, config: OpenAIPolicyConfig):
         try:
+            from producers.llm import chat
             from producers.llm.pool import ServerPool
-        except ImportError as exc:  # aiohttp comes with the llm extra
+        except ImportError as exc:  # aiohttp and orjson come with the llm extra
             raise PolicyError(f"policy.type openai needs the llm extra (pip install "
                               f"'rollstream[llm]'): {exc}") from None
         self.config = config
+        self._chat = chat
         self._pool_class = ServerPool
         self.pool: Any = None
 
@@ -78,18 +79,18 @@ class OpenAIPolicy:
             await self.pool.close()
 
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, Turn]:
-        config = self.config
+        config, chat = self.config, self._chat
         env = ctx.env.unwrapped
         prompt: AgentPrompt = getattr(env, "agent_prompt", None) or _DEFAULT_PROMPT
         max_tokens = prompt.max_tokens_per_step or config.max_tokens
-        messages = messages_for_turn(ctx, observation, prompt, max_tokens)
+        messages = chat.messages_for_turn(ctx, observation, prompt, max_tokens)
         temperature = config.val_temperature if ctx.mode == "val" else config.temperature
-        body = request_body(config.model, messages, temperature=temperature,
-                            top_p=config.top_p, top_k=config.top_k, max_tokens=max_tokens,
-                            seed=turn_seed(ctx), extra_body=config.extra_body)
+        body = chat.request_body(config.model, messages, temperature=temperature,
+                                 top_p=config.top_p, top_k=config.top_k, max_tokens=max_tokens,
+                                 seed=chat.turn_seed(ctx), extra_body=config.extra_body)
         while True:
             answer = await self.pool.chat(body)
-            turn = turn_from_answer(answer.data)
+            turn = chat.turn_from_answer(answer.data)
             if turn.finish_reason != "abort":
                 break
             await asyncio.sleep(_ABORT_RETRY_S)  # the server is updating its weights
