@@ -7,10 +7,10 @@ It speaks the subset a producer uses, shaped as vLLM shapes it: `POST /v1/chat/c
 the top-level `prompt_token_ids` and `choices[i].token_ids`), `GET /v1/models`, `GET /health`.
 Weight updates as a trainer drives them: SGLang's `POST /update_weights_from_disk`
 (`model_path`, `weight_version`; the version is reported in each response's
-`metadata.weight_version`, as SGLang's chat completions do: "default" until set) and vLLM's runtime LoRA adapters
-(`POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter`; a request names an adapter as its
-`model`). While weights load (`load_time_s`), requests in flight end with
-`finish_reason: "abort"` and new ones wait (or are aborted too).
+`metadata.weight_version`, as SGLang's chat completions do: "default" until set) and vLLM's
+runtime LoRA adapters (`POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter`; a request
+names an adapter as its `model`). While weights load (`load_time_s`), requests in flight end
+with `finish_reason: "abort"` and new ones wait (or are aborted too).
 
 The "model" is scripted: it reads the game, its symbols and actions from the system message
 (the env's instruction) and the grid from the last user message, and plays a good move with
@@ -405,8 +405,9 @@ class FakeLLMServer:
         raw = await request.read()
         try:
             body = orjson.loads(raw)
-            messages = body["messages"]
             model = body["model"]
+            if not isinstance(body["messages"], list):
+                raise TypeError("messages is not a list")
         except (ValueError, KeyError, TypeError) as exc:
             return _error(400, f"bad request: {exc}", "BadRequestError")
         if model != self.options.model and model not in self.adapters:
@@ -689,8 +690,12 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        def on_signal(sig: int) -> None:
+            received.append(sig)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, lambda s=sig: (received.append(s), stop.set()))
+            loop.add_signal_handler(sig, on_signal, sig)
         ready = asyncio.Event()
         task = asyncio.create_task(server.serve(stop, ready))
         await asyncio.wait([task, asyncio.create_task(ready.wait())],

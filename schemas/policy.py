@@ -22,7 +22,6 @@ from pydantic import (
     field_validator,
 )
 
-
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

@@ -158,3 +158,18 @@ def test_api_key_env_must_name_a_variable() -> None:
                              "api_key_env": "sk-live-123"})
     assert "policy.api_key_env: must be the name of an environment variable" in str(info.value)
     assert "sk-live-123" not in str(info.value)
+
+
+def test_start_refuses_a_missing_api_key_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from producers.policies import make_policy
+    from schemas.errors import PolicyError
+
+    monkeypatch.delenv("ROLLSTREAM_TEST_NO_SUCH_KEY", raising=False)
+    config = small_config(policy={"type": "openai", "base_urls": "http://127.0.0.1:9/v1",
+                                  "model": "m", "api_key_env": "ROLLSTREAM_TEST_NO_SUCH_KEY"})
+    policy = make_policy(config.policy)
+    with pytest.raises(PolicyError, match="policy.api_key_env: the environment variable "
+                       "ROLLSTREAM_TEST_NO_SUCH_KEY is not set"):
+        asyncio.run(policy.start())

@@ -70,7 +70,8 @@ def build_env(config: RolloutConfig, tag: str) -> gym.Env:
     except Exception as exc:  # an env's own constructor may raise anything
         raise ConfigError(f"custom_envs.{tag}: cannot make {spec.env_id!r} with env_config "
                           f"{spec.env_config}: {type(exc).__name__}: {exc}") from exc
-    env.unwrapped.agent_prompt = spec.agent_prompt  # the tag's templates, for LLM policies
+    # the tag's templates and token budget, for LLM policies (StepContext.env carries them)
+    env.unwrapped.agent_prompt = spec.agent_prompt  # type: ignore[attr-defined]
     return env
 
 

@@ -2,7 +2,8 @@ r"""The text interface an LLM agent sees, shared by the grid envs.
 
 An agent answers in free text; the action is the last group of the first match of the env's
 `action_pattern` in its reply (ROLL's format and key): by default `<answer>(.*?)</answer>`,
-or e.g. `<think>(.*?)</think>\s*<answer>(.*?)</answer>` to require the thinking too. `TextGridEnv` holds what both grid envs have in common: the answer parsing,
+or e.g. `<think>(.*?)</think>\s*<answer>(.*?)</answer>` to require the thinking too.
+`TextGridEnv` holds what both grid envs have in common: the answer parsing,
 the step budget, the format penalty for an unparsable reply, the vocabulary of cell symbols
 and the `Text` observation space (the observation is the rendered grid).
 """

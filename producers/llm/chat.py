@@ -9,7 +9,7 @@ message (`agent_template` filled with `turn_idx`, `observation`, `actions_left`,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -78,11 +78,11 @@ def turn_from_answer(data: dict[str, Any]) -> Turn:
     if content:
         logprobs = np.fromiter((item["logprob"] for item in content), dtype=np.float32,
                                count=len(content))
-    turn = Turn(
+    turn = Turn(  # numpy arrays where Turn takes sequences: the wire wants arrays anyway
         text=message.get("content") or "",
-        prompt_ids=_int32(data.get("prompt_token_ids")),
-        response_ids=_int32(choice.get("token_ids")),
-        logprobs=logprobs,
+        prompt_ids=cast(Any, _int32(data.get("prompt_token_ids"))),
+        response_ids=cast(Any, _int32(choice.get("token_ids"))),
+        logprobs=cast(Any, logprobs),
         finish_reason=choice.get("finish_reason"),
     )
     version = _weight_version(data)

@@ -28,8 +28,8 @@ from schemas.policy import OpenAIPolicyConfig
 logger = logging.getLogger(__name__)
 
 # The cyclic GC's default gen-0 threshold (700) makes it run every few requests with
-# thousands of replies in flight; measured with 1,000 in flight: 0.42 ms of client CPU per
-# request at 700, 0.26 ms at 50,000 (bench/bench_llm.py).
+# thousands of replies in flight; measured with 1,000 in flight: 0.47 ms of client CPU per
+# request at 700, 0.34 ms at 50,000 (bench/bench_llm.py --compare-clients).
 GC_GEN0_THRESHOLD = 50_000
 _DEFAULT_PROMPT = EnvSpec(env_type="sokoban").agent_prompt
 _ABORT_RETRY_S = 0.2  # a turn the server aborted (weights being updated) is sent again after
