@@ -13,10 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from helpers import ROOT, clean_env, small_config, wait_for
+from helpers import ROOT, clean_env, small_config
 from llm_helpers import MODEL, fake_llm_factory
 
 from consumer import Batcher
+from producers.llm.chat import turn_seed
+from producers.policies import StepContext
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE
 from schemas.keys import Keys
 
@@ -93,17 +95,21 @@ def test_a_run_with_the_openai_policy(fake_llm, producer_thread, r: redis.Redis,
         assert s["info"]["action_is_valid"] is False and s["action"] == -1
     check_prompts(list(server.requests))
 
-    keys = Keys(run)  # hold train rollouts (val rounds ignore the pause), let them drain
-    r.sadd(keys.pause, "operator")
-    r.publish(keys.control, b"pause")
-    wait_for(lambda: server.in_flight == 0, 10, what="train turns to drain")
-    train_requests = len(server.requests)
     val = batcher.get_batch(mode="val", timeout_s=30)
     check_turns(val, [server.base_url])
-    val_bodies = list(server.requests)[train_requests:]
-    assert len(val_bodies) >= sum(t["num_actions"] for t in val.trajectories)
+    val_seeds = {request_seed(t["seed"], t["member"], turn) for t in val.trajectories
+                 for turn in range(t["num_actions"])}  # the val turns' requests
+    val_bodies = [b for b in server.requests if b["seed"] in val_seeds]
+    assert len(val_bodies) == len(val_seeds)
     assert {b["temperature"] for b in val_bodies} == {0.0}
+    assert {b["temperature"] for b in server.requests if b["seed"] not in val_seeds} == {1.0}
     assert all(t["success"] for t in val.trajectories if t["tag"] == "Lake")
+
+
+def request_seed(episode_seed: int, member: int, turn: int) -> int:
+    ctx = StepContext(env=None, seed=episode_seed, version=0, mode="val", group_id=0,
+                      episode_id=0, member=member, tag="", turn=turn)
+    return turn_seed(ctx)
 
 
 def check_prompts(bodies: list[dict[str, Any]]) -> None:

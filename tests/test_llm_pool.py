@@ -57,6 +57,7 @@ def test_requests_go_to_the_server_with_fewest_in_flight(fake_llm) -> None:
     busy, served = run_pool([a.base_url, b.base_url], scenario)
     idle = b.base_url if busy == a.base_url else a.base_url
     assert served == [idle] * 6
+    assert (a if busy == a.base_url else b).stats["requests"] == 1  # only the held one
 
 
 def test_5xx_is_retried_then_the_next_server_then_waits_until_one_is_back(
