@@ -270,3 +270,20 @@ def test_command_line_refuses_bad_options_and_a_busy_port() -> None:
         assert time.monotonic() - start < 30
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_during_load_abort_answers_new_requests_with_abort(fake_llm) -> None:
+    server = fake_llm(load_time_s=1.0, during_load="abort")
+    messages, _ = game_messages("FrozenLake")
+    updater = threading.Thread(target=lambda: http(
+        f"{server.url}/update_weights_from_disk", {"model_path": "p", "weight_version": "2"}))
+    updater.start()
+    wait_for(lambda: server._loaded is not None and not server._loaded.is_set(), 5,
+             what="the update to start")
+    status, data = http(f"{server.base_url}/chat/completions", chat_body(messages))
+    assert status == 200 and data["choices"][0]["finish_reason"] == "abort"
+    assert data["choices"][0]["message"]["content"] == ""
+    updater.join(5)
+    _, data = http(f"{server.base_url}/chat/completions", chat_body(messages))
+    assert data["choices"][0]["finish_reason"] == "stop"
+    assert data["metadata"] == {"weight_version": "2"}

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from helpers import ROOT, clean_env, small_config
+from helpers import ROOT, clean_env, small_config, wait_for
 from llm_helpers import MODEL, fake_llm_factory
 
 from consumer import Batcher
@@ -279,3 +279,46 @@ def test_against_a_real_vllm_server(producer_thread, r: redis.Redis, run: str) -
         for step in traj["steps"]:
             assert len(step["logprobs"]) == len(step["response_ids"]) > 0
     assert len(batch.turn_tokens()) == sum(t["num_actions"] for t in batch.trajectories)
+
+
+def test_a_turn_aborted_by_a_weight_update_is_sent_again(fake_llm) -> None:
+    """SGLang aborts requests in flight while it loads weights (`finish_reason: abort`): the
+    policy sends the turn again and records the version the server reports."""
+    import asyncio
+    import threading
+
+    from llm_helpers import http
+
+    from producers.envs import build_env
+    from producers.policies import make_policy
+    from schemas.config import RolloutConfig
+
+    server = fake_llm(latency_s=30.0, load_time_s=0.3)
+    config: RolloutConfig = two_tag_config([server.base_url])
+    env = build_env(config, "Lake")
+    obs, _ = env.reset(seed=5)
+    ctx = StepContext(env=env, seed=5, version=0, mode="train", group_id=0, episode_id=0,
+                      member=0, tag="Lake")
+
+    def update() -> None:
+        wait_for(lambda: server.in_flight == 1, 10, what="the turn in flight")
+        server.options.latency_s = 0.01
+        http(f"{server.url}/update_weights_from_disk",
+             {"model_path": "/ckpt/7", "weight_version": "7"})
+
+    async def act() -> Any:
+        policy = make_policy(config.policy)
+        await policy.start()
+        try:
+            return await policy.act(obs, ctx)
+        finally:
+            await policy.close()
+
+    updater = threading.Thread(target=update)
+    updater.start()
+    action, turn = asyncio.run(act())
+    updater.join(10)
+    assert server.stats["aborted"] == 1 and server.stats["completed"] == 1
+    assert turn.finish_reason == "stop" and turn.version == 7
+    assert turn.version_source == "server"
+    assert len(ctx.scratch["chat"]) == 3  # the aborted attempt left no reply behind
