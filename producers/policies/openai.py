@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 from producers.policies import StepContext, Turn
-from schemas.envspec import AgentPrompt, EnvSpec
+from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
 from schemas.errors import PolicyError
 from schemas.policy import OpenAIPolicyConfig
 
@@ -31,7 +31,8 @@ logger = logging.getLogger(__name__)
 # thousands of replies in flight; measured with 1,000 in flight: 0.47 ms of client CPU per
 # request at 700, 0.34 ms at 50,000 (bench/bench_llm.py --compare-clients).
 GC_GEN0_THRESHOLD = 50_000
-_DEFAULT_PROMPT = EnvSpec(env_type="sokoban").agent_prompt
+_DEFAULT_PROMPT = AgentPrompt(DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE)  # an env
+# built without `build_env` (no tag)
 _ABORT_RETRY_S = 0.2  # a turn the server aborted (weights being updated) is sent again after
 
 
@@ -49,6 +50,7 @@ class OpenAIPolicy:
         self._chat = chat
         self._pool_class = ServerPool
         self.pool: Any = None
+        self._gc_threshold: tuple[int, ...] | None = None  # to restore at close
 
     async def start(self) -> None:
         """Read the API key, open the HTTP session, check that a server serves the model."""
@@ -61,6 +63,7 @@ class OpenAIPolicy:
                                   f"{config.api_key_env} is not set")
         threshold = gc.get_threshold()
         if threshold[0] < GC_GEN0_THRESHOLD:
+            self._gc_threshold = threshold
             gc.set_threshold(GC_GEN0_THRESHOLD, *threshold[1:])
         self.pool = self._pool_class(config.base_urls, api_key=api_key,
                                      timeout_s=config.timeout_s, max_retries=config.max_retries,
@@ -69,7 +72,7 @@ class OpenAIPolicy:
         try:
             await self.pool.check_model(config.model)
         except BaseException:
-            await self.pool.close()
+            await self.close()
             raise
         logger.info("openai policy: model %r on %d server(s)", config.model,
                     len(self.pool.servers))
@@ -77,6 +80,9 @@ class OpenAIPolicy:
     async def close(self) -> None:
         if self.pool is not None:
             await self.pool.close()
+        if self._gc_threshold is not None:
+            gc.set_threshold(*self._gc_threshold)
+            self._gc_threshold = None
 
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, Turn]:
         config, chat = self.config, self._chat
