@@ -87,11 +87,13 @@ class ServerPool:
     """
 
     def __init__(self, base_urls: list[str], *, api_key: str | None = None,
-                 timeout_s: float = 600.0, max_retries: int = 3, max_inflight: int = 1024):
+                 timeout_s: float = 600.0, max_retries: int = 3, max_inflight: int = 1024,
+                 cooldown_max_s: float = COOLDOWN_MAX_S):
         self.servers = [Server(url.rstrip("/")) for url in base_urls]
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.max_inflight = max_inflight
+        self.cooldown_max_s = cooldown_max_s
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -148,7 +150,7 @@ class ServerPool:
                                ", ".join(s.base_url for s in pending))
                 logged = True
             await asyncio.sleep(wait_s)
-            wait_s = min(wait_s * 2, COOLDOWN_MAX_S)
+            wait_s = min(wait_s * 2, self.cooldown_max_s)
         if not served:
             raise PolicyError(f"model {model!r} is unknown to every server "
                               f"({', '.join(lacking)})")
@@ -273,7 +275,7 @@ class ServerPool:
                 logger.warning("all %d model servers are down; turns wait until one answers",
                                len(self.servers))
             waits = [s.retry_at for s in self.servers if not s.probing]
-            timeout_s = max(0.01, min(waits) - now) if waits else COOLDOWN_MAX_S
+            timeout_s = max(0.01, min(waits) - now) if waits else self.cooldown_max_s
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout_s)
@@ -284,7 +286,7 @@ class ServerPool:
         server.down = True
         server.downs += 1
         server.probing = False
-        server.retry_at = time.monotonic() + _cooldown(server.downs)
+        server.retry_at = time.monotonic() + self._cooldown(server.downs)
         if not self._all_down:
             logger.warning("model server %s is down (%s); using the others", server.base_url,
                            exc)
@@ -292,10 +294,13 @@ class ServerPool:
     def _probe_failed(self, server: Server, exc: Exception) -> None:
         server.downs += 1
         server.probing = False
-        server.retry_at = time.monotonic() + _cooldown(server.downs)
+        server.retry_at = time.monotonic() + self._cooldown(server.downs)
         logger.debug("model server %s still down: %s", server.base_url, exc)
         assert self._changed is not None
         self._changed.set()  # waiters recompute when to look again
+
+    def _cooldown(self, downs: int) -> float:
+        return min(COOLDOWN_S * 2 ** (downs - 1), self.cooldown_max_s)
 
     def _mark_up(self, server: Server) -> None:
         if not server.down:
@@ -318,10 +323,6 @@ def _inflight(server: Server) -> int:
 
 def _retry_at(server: Server) -> float:
     return server.retry_at
-
-
-def _cooldown(downs: int) -> float:
-    return min(COOLDOWN_S * 2 ** (downs - 1), COOLDOWN_MAX_S)
 
 
 def _message(raw: bytes) -> str:
