@@ -1,4 +1,6 @@
-"""What the trainer gets: a `Batch` of complete groups, as arrays and as trajectories."""
+"""What the trainer gets: a `Batch` of complete groups, as arrays and as trajectories, and
+for LLM agents the tokens of every model turn as padded arrays (`turn_tokens`,
+`trajectory_tokens`)."""
 
 from __future__ import annotations
 
@@ -63,6 +65,175 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.trajectories)
+
+    def turn_tokens(self, pad_id: int = 0) -> TurnTokens:
+        """One sample per model turn (see `TurnTokens`); turns without token ids (a server
+        that does not return them) are left out and counted in `missing`, and in
+        `metrics["tokens/turns_without_ids"]`."""
+        return turn_tokens(self.trajectories, self.group_index, pad_id=pad_id,
+                           metrics=self.metrics)
+
+    def trajectory_tokens(self, pad_id: int = 0) -> TrajectoryTokens:
+        """One sequence per trajectory whose turns extend each other token for token (see
+        `TrajectoryTokens`); the others are left out and counted in `non_extending` and
+        `metrics["tokens/non_extending"]` (and `missing_ids`,
+        `metrics["tokens/trajectories_without_ids"]`)."""
+        return trajectory_tokens(self.trajectories, self.group_index, pad_id=pad_id,
+                                 metrics=self.metrics)
+
+
+@dataclass
+class TurnTokens:
+    """The per-turn form: sample i is one model turn. Arrays are right-padded (`pad_id`,
+    logprobs 0) to the longest prompt / response, with their lengths."""
+
+    prompt_ids: np.ndarray  # [N, P] int32: the prompt as the server tokenized it
+    prompt_lengths: np.ndarray  # [N] int64
+    response_ids: np.ndarray  # [N, R] int32: the tokens the model generated
+    response_lengths: np.ndarray  # [N] int64
+    logprobs: np.ndarray  # [N, R] float32: the sampler's logprob of each response token
+    rewards: np.ndarray  # [N] float32: the env's reward for the turn
+    scores: np.ndarray  # [N] float32: the trajectory's episode_score
+    traj_index: np.ndarray  # [N] int64: index into batch.trajectories
+    turn_index: np.ndarray  # [N] int64: the turn within its trajectory
+    group_index: np.ndarray  # [N] int64: the trajectory's group within the batch
+    missing: int = 0  # turns left out: no token ids
+
+    def __len__(self) -> int:
+        return len(self.traj_index)
+
+
+@dataclass
+class TrajectoryTokens:
+    """The per-trajectory form: one sequence per trajectory, the first prompt followed by each
+    reply and the tokens the next prompt adds (the env's answer, template glue). Only
+    trajectories whose every prompt starts with the previous prompt and reply, token for
+    token; joining the others would train on a sequence the model never saw."""
+
+    input_ids: np.ndarray  # [M, L] int32, right-padded with pad_id
+    attention_mask: np.ndarray  # [M, L] int8: 1 on real tokens
+    loss_mask: np.ndarray  # [M, L] int8: 1 on tokens the model generated
+    rollout_logprobs: np.ndarray  # [M, L] float32: logprob of input_ids[j] where generated
+    lengths: np.ndarray  # [M] int64
+    traj_index: np.ndarray  # [M] int64: index into batch.trajectories
+    scores: np.ndarray  # [M] float32: episode_score
+    group_index: np.ndarray  # [M] int64
+    non_extending: int = 0  # trajectories left out: a prompt does not extend the last one
+    missing_ids: int = 0  # trajectories left out: a turn without token ids
+
+    def __len__(self) -> int:
+        return len(self.traj_index)
+
+
+def _ids(step: dict[str, Any], name: str) -> np.ndarray | None:
+    value = step.get(name)
+    if value is None:
+        return None
+    return np.asarray(value, dtype=np.int32)
+
+
+def _turn_logprobs(step: dict[str, Any], length: int) -> np.ndarray:
+    """The step's logprobs fitted to its response length (0 where the server gave none)."""
+    out = np.zeros(length, dtype=np.float32)
+    value = step.get("logprobs")
+    if value is not None:
+        given = np.asarray(value, dtype=np.float32)[:length]
+        out[: len(given)] = given
+    return out
+
+
+def _pad(rows: list[np.ndarray], dtype: Any, fill: float) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.array([len(row) for row in rows], dtype=np.int64)
+    width = int(lengths.max()) if len(rows) else 0
+    out = np.full((len(rows), width), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out, lengths
+
+
+def turn_tokens(trajs: list[dict[str, Any]], group_index: np.ndarray, *, pad_id: int = 0,
+                metrics: dict[str, float] | None = None) -> TurnTokens:
+    """`Batch.turn_tokens` over a list of trajectories."""
+    prompts, responses, logprobs = [], [], []
+    rewards, scores, traj_index, turn_index, groups = [], [], [], [], []
+    missing = 0
+    for i, traj in enumerate(trajs):
+        for t, step in enumerate(traj["steps"]):
+            prompt, response = _ids(step, "prompt_ids"), _ids(step, "response_ids")
+            if prompt is None or response is None:
+                missing += "response" in step
+                continue
+            prompts.append(prompt)
+            responses.append(response)
+            logprobs.append(_turn_logprobs(step, len(response)))
+            rewards.append(step["reward"])
+            scores.append(traj["episode_score"])
+            traj_index.append(i)
+            turn_index.append(t)
+            groups.append(group_index[i])
+    prompt_ids, prompt_lengths = _pad(prompts, np.int32, pad_id)
+    response_ids, response_lengths = _pad(responses, np.int32, pad_id)
+    logprob_array, _ = _pad(logprobs, np.float32, 0.0)
+    if metrics is not None:
+        metrics["tokens/turns_without_ids"] = float(missing)
+    return TurnTokens(
+        prompt_ids, prompt_lengths, response_ids, response_lengths, logprob_array,
+        np.array(rewards, dtype=np.float32), np.array(scores, dtype=np.float32),
+        np.array(traj_index, dtype=np.int64), np.array(turn_index, dtype=np.int64),
+        np.array(groups, dtype=np.int64), missing)
+
+
+def _joined(steps: list[dict[str, Any]]) -> tuple[list[np.ndarray], str]:
+    """[input_ids, loss_mask, logprobs] of a trajectory, or ([], why it cannot be joined)."""
+    ids: list[np.ndarray] = []
+    mask: list[np.ndarray] = []
+    lps: list[np.ndarray] = []
+    length = 0
+    seq = np.zeros(0, dtype=np.int32)
+    for step in steps:
+        prompt, response = _ids(step, "prompt_ids"), _ids(step, "response_ids")
+        if prompt is None or response is None:
+            return [], "missing"
+        if len(prompt) < length or not np.array_equal(prompt[:length], seq[:length]):
+            return [], "non_extending"
+        added = prompt[length:]
+        ids += [added, response]
+        mask += [np.zeros(len(added), np.int8), np.ones(len(response), np.int8)]
+        lps += [np.zeros(len(added), np.float32), _turn_logprobs(step, len(response))]
+        seq = np.concatenate([prompt, response])
+        length = len(seq)
+    if not ids:
+        return [], "missing"
+    return [np.concatenate(ids), np.concatenate(mask), np.concatenate(lps)], ""
+
+
+def trajectory_tokens(trajs: list[dict[str, Any]], group_index: np.ndarray, *,
+                      pad_id: int = 0,
+                      metrics: dict[str, float] | None = None) -> TrajectoryTokens:
+    """`Batch.trajectory_tokens` over a list of trajectories."""
+    rows: list[list[np.ndarray]] = []
+    kept: list[int] = []
+    left_out = {"non_extending": 0, "missing": 0}
+    for i, traj in enumerate(trajs):
+        joined, why = _joined(traj["steps"])
+        if why:
+            left_out[why] += 1
+            continue
+        rows.append(joined)
+        kept.append(i)
+    input_ids, lengths = _pad([r[0] for r in rows], np.int32, pad_id)
+    loss_mask, _ = _pad([r[1] for r in rows], np.int8, 0)
+    logprobs, _ = _pad([r[2] for r in rows], np.float32, 0.0)
+    attention_mask = (np.arange(input_ids.shape[1]) < lengths[:, None]).astype(np.int8)
+    if metrics is not None:
+        metrics["tokens/non_extending"] = float(left_out["non_extending"])
+        metrics["tokens/trajectories_without_ids"] = float(left_out["missing"])
+    index = np.array(kept, dtype=np.int64)
+    return TrajectoryTokens(
+        input_ids, attention_mask, loss_mask, logprobs, lengths, index,
+        np.array([trajs[i]["episode_score"] for i in kept], dtype=np.float32),
+        np.asarray(group_index, dtype=np.int64)[index] if len(kept) else index,
+        left_out["non_extending"], left_out["missing"])
 
 
 def batch_metrics(

@@ -31,7 +31,7 @@ from schemas.backoff import Backoff
 from schemas.codec import encode_trajectory
 from schemas.config import RolloutConfig
 from schemas.connection import async_client, auth_message, is_auth_error, mask_url
-from schemas.errors import ConfigError, PolicyError, RedisSetupError
+from schemas.errors import ConfigError, EpisodeFailed, PolicyError, RedisSetupError
 from schemas.keys import Keys
 from schemas.protocol import Schedule
 
@@ -504,6 +504,11 @@ class Producer:
                 return None
             except asyncio.CancelledError:
                 raise
+            except EpisodeFailed as exc:  # retrying cannot help (a model server's 4xx)
+                error = f"{type(exc).__name__}: {exc}"
+                logger.warning("env %s (%s) episode %d failed: %s", slot.env_id, slot.tag,
+                               slot.k, error)
+                break
             except Exception as exc:  # an env bug must not kill the producer
                 error = f"{type(exc).__name__}: {exc}"
                 logger.warning("env %s (%s) episode %d raised on attempt %d/%d: %s",

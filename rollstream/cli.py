@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="exit 0 if a producer of this host has a fresh heartbeat, else 1 "
                               "(a healthcheck)")
 
+    from rollstream.fake_llm import add_arguments as fake_llm_arguments
+    fake_llm_arguments(sub.add_parser("fake-llm", help="a stand-in OpenAI-compatible LLM "
+                                      "server (scripted replies, latency, faults)"))
+
     for name, text in (("pause", "pause train rollouts (reason: operator)"),
                        ("resume", "lift the operator's pause"),
                        ("status", "print the run's state"),
@@ -165,6 +169,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _up(args)
     if args.command == "produce":
         return _produce(args)
+    if args.command == "fake-llm":
+        from rollstream.fake_llm import run as run_fake_llm
+        return run_fake_llm(args)
     return _admin(args)
 
 

@@ -6,9 +6,11 @@ have defaults here (ROLL's settings), so a config that names them needs no `cust
 
 from __future__ import annotations
 
+import string
+from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 SOKOBAN_ID = "rollstream/Sokoban-v0"
 FROZENLAKE_ID = "rollstream/FrozenLake-v0"
@@ -21,8 +23,35 @@ ENV_TYPE_IDS: dict[str, str] = {
 }
 
 
+# An LLM agent's prompt per tag (ROLL's keys): the system message is the system template, a
+# newline and the env's instruction; each turn's user message is the agent template filled
+# with these fields.
+AGENT_TEMPLATE_FIELDS = ("turn_idx", "observation", "actions_left", "max_response_length")
+DEFAULT_AGENT_SYSTEM_TEMPLATE = (
+    "You are an agent playing a grid game, and you aim for the highest total reward.")
+DEFAULT_AGENT_TEMPLATE = (
+    "Turn {turn_idx}:\n"
+    "State:\n"
+    "{observation}\n"
+    "You have {actions_left} actions left. Think briefly in <think> </think>, then give one "
+    "action as <answer> [your action] </answer>, nothing after it. Keep the reply under "
+    "{max_response_length} tokens.\n"
+    "Your next action:"
+)
+
+
+@dataclass(frozen=True)
+class AgentPrompt:
+    """What an LLM policy needs of a tag: its templates and its per-turn token budget."""
+
+    system_template: str
+    template: str
+    max_tokens_per_step: int | None = None
+
+
 class EnvSpec(BaseModel):
-    """One env tag: a registered gymnasium id and the kwargs that `gymnasium.make` gets."""
+    """One env tag: a registered gymnasium id and the kwargs that `gymnasium.make` gets, and
+    for LLM agents the prompt templates and the per-turn token budget."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -34,6 +63,36 @@ class EnvSpec(BaseModel):
         description="run reset/step in a worker thread, for envs that block (I/O, "
         "subprocesses, long compute) and would otherwise stall the producer's other envs",
     )
+    agent_system_template: str = Field(
+        default=DEFAULT_AGENT_SYSTEM_TEMPLATE,
+        description="system message of an LLM agent, followed by a newline and the env's "
+        "instruction")
+    agent_template: str = Field(
+        default=DEFAULT_AGENT_TEMPLATE,
+        description="each turn's user message; placeholders: " + ", ".join(
+            "{" + name + "}" for name in AGENT_TEMPLATE_FIELDS))
+    max_tokens_per_step: PositiveInt | None = Field(
+        default=None, description="tokens per reply for this tag (default: the policy's "
+        "max_tokens)")
+
+    @field_validator("agent_template")
+    @classmethod
+    def _known_placeholders(cls, template: str) -> str:
+        try:
+            names = {name for _, name, _, _ in string.Formatter().parse(template) if name}
+        except ValueError as exc:
+            raise ValueError(f"agent_template is not a format string: {exc}") from None
+        unknown = sorted(names - set(AGENT_TEMPLATE_FIELDS))
+        if unknown:
+            raise ValueError(f"agent_template has unknown placeholders {unknown} (known: "
+                             f"{', '.join(AGENT_TEMPLATE_FIELDS)}; write {{{{ and }}}} for "
+                             "literal braces)")
+        return template
+
+    @property
+    def agent_prompt(self) -> AgentPrompt:
+        return AgentPrompt(self.agent_system_template, self.agent_template,
+                           self.max_tokens_per_step)
 
     @model_validator(mode="after")
     def _resolve_id(self) -> EnvSpec:

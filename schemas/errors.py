@@ -35,3 +35,9 @@ class RunConflict(ConfigError):
 
 class VersionConflict(RollstreamError):
     """`publish_version(v)` when the run is not at v - 1 (nor already at v)."""
+
+
+class EpisodeFailed(RollstreamError):
+    """An episode that retrying cannot save (a model server refused its request with a 4xx,
+    or answered something that is not a completion): the member commits it failed at once,
+    without the env retries, so its group is dropped and counted."""

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,6 +21,8 @@ from pydantic import (
     PositiveInt,
     field_validator,
 )
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class RandomPolicyConfig(BaseModel):
@@ -66,6 +69,15 @@ class OpenAIPolicyConfig(BaseModel):
     require_version: bool = Field(
         default=False, description="send a turn only to a server whose weight version is "
         "within the run's staleness bound; wait otherwise")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _variable_name(cls, value: str | None) -> str | None:
+        # the message never echoes the value: it may be a key pasted in by mistake
+        if value is not None and not _ENV_NAME.fullmatch(value):
+            raise ValueError("must be the name of an environment variable (letters, digits "
+                             "and _), not the key itself")
+        return value
 
     @field_validator("base_urls", mode="before")
     @classmethod

@@ -219,6 +219,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_weights.py::test_sync_steps_wait_for_the_weights_of_the_current_version",),
     ),
     Mutant(
+        "producer-4xx-no-retry", "producers/producer.py",
+        "                               slot.k, error)\n                break\n",
+        "                               slot.k, error)\n",
+        "an episode failed by a model server's 4xx is not retried (no retry storm)",
+        ("tests/test_llm_policy.py::test_a_4xx_fails_the_episode_without_retries",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

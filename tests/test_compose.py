@@ -29,7 +29,7 @@ def services() -> dict:
 
 def test_compose_file_declares_the_deployment():
     svc = services()
-    assert set(svc) == {"redis", "producer", "trainer"}
+    assert set(svc) == {"redis", "producer", "trainer", "vllm"}  # vllm: profile llm
     redis_cmd = " ".join(svc["redis"]["command"])
     assert "--requirepass" in redis_cmd and "--appendonly yes" in redis_cmd
     assert "--appendfsync always" in redis_cmd

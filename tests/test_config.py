@@ -110,12 +110,12 @@ def test_unknown_keys_are_ignored_with_one_warning_listing_them(caplog):
         config = load(pipeline_cls="roll.Pipeline", actor_train={"lr": 1},
                       train_env_manager=manager(env_manager_cls="X"),
                       custom_envs={"FrozenLake": {"env_type": "frozen_lake",
-                                                  "max_tokens_per_step": 64}})
+                                                  "use_thread_lock": True}})
     assert config.train_env_manager.num_env_groups == 4
     warnings = [r.getMessage() for r in caplog.records if "unknown config keys" in r.getMessage()]
     assert len(warnings) == 1
     for key in ("pipeline_cls", "actor_train", "train_env_manager.env_manager_cls",
-                "custom_envs.FrozenLake.max_tokens_per_step"):
+                "custom_envs.FrozenLake.use_thread_lock"):
         assert key in warnings[0]
 
 

@@ -66,10 +66,13 @@ def build_env(config: RolloutConfig, tag: str) -> gym.Env:
     """The env of a config tag; a failure is a `ConfigError` naming the tag and the cause."""
     spec = config.env_spec(tag)
     try:
-        return make_env(spec.env_id, spec.env_config)
+        env = make_env(spec.env_id, spec.env_config)
     except Exception as exc:  # an env's own constructor may raise anything
         raise ConfigError(f"custom_envs.{tag}: cannot make {spec.env_id!r} with env_config "
                           f"{spec.env_config}: {type(exc).__name__}: {exc}") from exc
+    # the tag's templates and token budget, for LLM policies (StepContext.env carries them)
+    env.unwrapped.agent_prompt = spec.agent_prompt  # type: ignore[attr-defined]
+    return env
 
 
 def check_envs(config: RolloutConfig) -> None:

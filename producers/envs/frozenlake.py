@@ -93,6 +93,7 @@ class FrozenLakeEnv(TextGridEnv):
         grid_lookup: Mapping[str, str] | None = None,
         format_penalty: float = -0.01,
         render_mode: str | None = None,
+        action_pattern: str | None = None,
     ) -> None:
         if int(size) < 2:
             raise ValueError(f"size must be >= 2, got {size}")
@@ -109,6 +110,7 @@ class FrozenLakeEnv(TextGridEnv):
             max_steps=max_steps,
             format_penalty=format_penalty,
             render_mode=render_mode,
+            action_pattern=action_pattern,
         )
         self._tiles: tuple[str, ...] = ()  # the map, rows of tile codes
         self._base: list[str] = []  # the rendered map without the player

@@ -52,6 +52,7 @@ class SokobanEnv(TextGridEnv):
         grid_lookup: Mapping[str, str] | None = None,
         format_penalty: float = -0.15,
         render_mode: str | None = None,
+        action_pattern: str | None = None,
     ) -> None:
         rows, cols = (int(n) for n in dim_room)
         if rows < 3 or cols < 3:
@@ -73,6 +74,7 @@ class SokobanEnv(TextGridEnv):
             max_steps=max_steps,
             format_penalty=format_penalty,
             render_mode=render_mode,
+            action_pattern=action_pattern,
         )
         # Cells are indices into the rendered text, `row * (cols + 1) + col`: the "\n" after
         # each row takes one index, so a move is an index offset and rendering is a join.

@@ -1,7 +1,9 @@
-"""The text interface an LLM agent sees, shared by the grid envs.
+r"""The text interface an LLM agent sees, shared by the grid envs.
 
-An agent answers in free text; the action is the first `<answer>...</answer>` in its reply
-(ROLL's format). `TextGridEnv` holds what both grid envs have in common: the answer parsing,
+An agent answers in free text; the action is the last group of the first match of the env's
+`action_pattern` in its reply (ROLL's format and key): by default `<answer>(.*?)</answer>`,
+or e.g. `<think>(.*?)</think>\s*<answer>(.*?)</answer>` to require the thinking too.
+`TextGridEnv` holds what both grid envs have in common: the answer parsing,
 the step budget, the format penalty for an unparsable reply, the vocabulary of cell symbols
 and the `Text` observation space (the observation is the rendered grid).
 """
@@ -20,18 +22,39 @@ from gymnasium import spaces
 ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-def parse_answer(reply: object, action_names: Sequence[str]) -> int | None:
-    """Index in `action_names` of the action named in the first `<answer>` tag of `reply`.
+def compile_action_pattern(pattern: str | re.Pattern[str] | None) -> re.Pattern[str]:
+    """`action_pattern` compiled (dot matches newlines); it must have a group, and its last
+    group captures the action. `ValueError` naming the problem otherwise."""
+    if pattern is None:
+        return ANSWER_PATTERN
+    if isinstance(pattern, re.Pattern):
+        compiled = pattern
+    else:
+        try:
+            compiled = re.compile(str(pattern), re.DOTALL)
+        except re.error as exc:
+            raise ValueError(f"action_pattern {pattern!r} is not a regular expression: "
+                             f"{exc}") from None
+    if compiled.groups < 1:
+        raise ValueError(f"action_pattern {compiled.pattern!r} has no group: its last group "
+                         "must capture the action")
+    return compiled
 
-    The name is matched after stripping whitespace, ignoring case. None when the reply has no
-    tag, the tag is empty, or it names no action: the caller decides what that costs.
+
+def parse_answer(reply: object, action_names: Sequence[str],
+                 pattern: re.Pattern[str] = ANSWER_PATTERN) -> int | None:
+    """Index in `action_names` of the action in the last group of `pattern`'s first match in
+    `reply` (by default the first `<answer>` tag).
+
+    The name is matched after stripping whitespace, ignoring case. None when the reply does
+    not match, the action is empty, or it names no action: the caller decides what that costs.
     """
     if not isinstance(reply, str):
         return None
-    match = ANSWER_PATTERN.search(reply)
+    match = pattern.search(reply)
     if match is None:
         return None
-    word = match.group(1).strip().lower()
+    word = (match.group(pattern.groups) or "").strip().lower()
     for index, name in enumerate(action_names):
         if name.lower() == word:
             return index
@@ -87,6 +110,7 @@ class TextGridEnv(gym.Env[str, np.int64]):
         max_steps: int,
         format_penalty: float,
         render_mode: str | None,
+        action_pattern: str | None = None,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
@@ -95,6 +119,7 @@ class TextGridEnv(gym.Env[str, np.int64]):
         self.render_mode = render_mode
         self.max_steps = int(max_steps)
         self.format_penalty = float(format_penalty)
+        self.action_pattern = compile_action_pattern(action_pattern)
         self.action_space = spaces.Discrete(len(self.action_names))
         length = rows * (cols + 1) - 1  # rows joined by "\n"
         self.observation_space = spaces.Text(
@@ -108,8 +133,8 @@ class TextGridEnv(gym.Env[str, np.int64]):
         raise NotImplementedError
 
     def parse_action(self, reply: str) -> int | None:
-        """The action named in the reply's first `<answer>` tag, or None when unparsable."""
-        return parse_answer(reply, self.action_names)
+        """The action the reply names through `action_pattern`, or None when unparsable."""
+        return parse_answer(reply, self.action_names, self.action_pattern)
 
     def step_text(self, reply: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """`step` with the action parsed from an agent's reply; unparsable is a no-op step."""

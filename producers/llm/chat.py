@@ -1,0 +1,114 @@
+"""One turn of an agent's chat: the user message in ROLL's agentic format, the request body,
+and the reply read back into a `Turn` (text, token ids, logprobs, weight version).
+
+The conversation of an episode lives in its `StepContext.scratch`: the system message (the
+tag's `agent_system_template`, a newline, the env's instruction), then per turn the user
+message (`agent_template` filled with `turn_idx`, `observation`, `actions_left`,
+`max_response_length`) and the assistant's reply as the server sent it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+import orjson
+
+from producers.policies import StepContext, Turn
+from schemas.envspec import AgentPrompt
+
+CHAT_KEY = "chat"  # the scratch entry holding the episode's messages
+
+
+def messages_for_turn(ctx: StepContext, observation: Any, prompt: AgentPrompt,
+                      max_tokens: int) -> list[dict[str, str]]:
+    """The episode's conversation with this turn's user message appended."""
+    env = ctx.env.unwrapped
+    messages: list[dict[str, str]] | None = ctx.scratch.get(CHAT_KEY)
+    if messages is None:
+        instruction = getattr(env, "instruction", "")
+        system = f"{prompt.system_template}\n{instruction}" if instruction else \
+            prompt.system_template
+        messages = ctx.scratch[CHAT_KEY] = [{"role": "system", "content": system}]
+    max_steps = getattr(env, "max_steps", None)
+    if max_steps is None and ctx.env.spec is not None:
+        max_steps = ctx.env.spec.max_episode_steps
+    actions_left = max(int(max_steps) - ctx.turn, 0) if max_steps else "unknown"
+    messages.append({"role": "user", "content": prompt.template.format(
+        turn_idx=ctx.turn + 1, observation=observation, actions_left=actions_left,
+        max_response_length=max_tokens)})
+    return messages
+
+
+def request_body(model: str, messages: list[dict[str, str]], *, temperature: float,
+                 top_p: float, top_k: int, max_tokens: int, seed: int,
+                 extra_body: dict[str, Any]) -> bytes:
+    """A chat completion request asking for logprobs and (vLLM >= 0.10.2) token ids.
+
+    `seed` makes sampling reproducible on servers that honour it, and tells apart the
+    members of a group, which send identical prompts."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
+    if top_k > 0:
+        body["top_k"] = top_k
+    if extra_body:
+        body.update(extra_body)
+    return orjson.dumps(body)
+
+
+def turn_from_answer(data: dict[str, Any]) -> Turn:
+    """The first choice of a completion as a `Turn` (server and latency are the caller's).
+
+    Token ids come from vLLM's `prompt_token_ids` and `choices[0].token_ids`, logprobs from
+    `choices[0].logprobs.content[j].logprob`; missing ones are None (a server that does not
+    return them). The weight version is SGLang's `metadata.weight_version` (or
+    `meta_info.weight_version`) when it is an integer."""
+    choice = data["choices"][0]
+    message = choice.get("message") or {}
+    logprobs: np.ndarray | None = None
+    content = (choice.get("logprobs") or {}).get("content")
+    if content:
+        logprobs = np.fromiter((item["logprob"] for item in content), dtype=np.float32,
+                               count=len(content))
+    turn = Turn(  # numpy arrays where Turn takes sequences: the wire wants arrays anyway
+        text=message.get("content") or "",
+        prompt_ids=cast(Any, _int32(data.get("prompt_token_ids"))),
+        response_ids=cast(Any, _int32(choice.get("token_ids"))),
+        logprobs=cast(Any, logprobs),
+        finish_reason=choice.get("finish_reason"),
+    )
+    version = _weight_version(data)
+    if version is not None:
+        turn.version, turn.version_source = version, "server"
+    return turn
+
+
+def _int32(ids: list[int] | None) -> np.ndarray | None:
+    """Token ids as the int32 array the step carries (fromiter: twice as fast as asarray)."""
+    if ids is None:
+        return None
+    return np.fromiter(ids, dtype=np.int32, count=len(ids))
+
+
+def _weight_version(data: dict[str, Any]) -> int | None:
+    for key in ("metadata", "meta_info"):
+        meta = data.get(key)
+        if isinstance(meta, dict) and meta.get("weight_version") is not None:
+            try:
+                return int(meta["weight_version"])
+            except (TypeError, ValueError):
+                return None  # a name such as "default": not a rollstream version
+    return None
+
+
+def turn_seed(ctx: StepContext) -> int:
+    """A request seed from the episode seed, the member and the turn (31 bits)."""
+    return (ctx.seed * 1_000_003 + ctx.member * 7_919 + ctx.turn) & 0x7FFF_FFFF

@@ -1,0 +1,322 @@
+"""The openai policy end to end: producers drive the envs through a stand-in LLM server on
+loopback, the Batcher hands the trajectories out, and every turn carries its tokens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+from helpers import ROOT, clean_env, small_config, wait_for
+from llm_helpers import MODEL, fake_llm_factory
+
+from consumer import Batcher
+from producers.llm.chat import turn_seed
+from producers.policies import StepContext
+from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE
+from schemas.keys import Keys
+
+fake_llm = pytest.fixture(fake_llm_factory)
+
+THINK_PATTERN = r"<think>(.*?)</think>\s*<answer>(.*?)</answer>"
+LAKE_TEMPLATE = "LAKE turn {turn_idx}, {actions_left} left, {max_response_length} tokens\n" \
+                "{observation}"
+
+
+def two_tag_config(base_urls: list[str], *, ratio: int = 0, **policy: Any):
+    """Two tags with their own prompts: Lake (custom templates, 48 tokens per step) and Box
+    (default templates, a pattern that requires the thinking)."""
+    return small_config(
+        async_generation_ratio=ratio,
+        rollout_batch_size=8,
+        train_env_manager={"max_env_num_per_worker": 8, "num_env_groups": 4, "group_size": 2,
+                           "tags": ["Lake", "Box"]},
+        val_env_manager={"max_env_num_per_worker": 8, "num_env_groups": 2, "group_size": 1,
+                         "tags": ["Lake", "Box"]},
+        custom_envs={
+            "Lake": {"env_type": "frozen_lake", "agent_system_template": "SYS-LAKE",
+                     "agent_template": LAKE_TEMPLATE, "max_tokens_per_step": 48,
+                     "env_config": {"size": 4, "p": 0.8, "is_slippery": False,
+                                    "max_steps": 6}},
+            "Box": {"env_type": "sokoban",
+                    "env_config": {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 30,
+                                   "max_steps": 4, "action_pattern": THINK_PATTERN}},
+        },
+        policy={"type": "openai", "base_urls": base_urls, "model": MODEL, "max_tokens": 64,
+                "timeout_s": 5.0, "max_retries": 2, **policy},
+    )
+
+
+def check_turns(batch: Any, base_urls: list[str]) -> None:
+    """Every step of every trajectory is a model turn with its tokens."""
+    for traj in batch.trajectories:
+        for step in traj["steps"]:
+            assert step["prompt_ids"].dtype == np.int32 and len(step["prompt_ids"]) > 0
+            assert step["response_ids"].dtype == np.int32
+            assert step["logprobs"].dtype == np.float32
+            assert len(step["logprobs"]) == len(step["response_ids"]) > 0
+            assert step["finish_reason"] == "stop" and step["server"] in base_urls
+            assert step["latency_s"] > 0 and isinstance(step["response"], str)
+    tokens = batch.trajectory_tokens()
+    assert len(tokens) == len(batch) and tokens.non_extending == 0
+
+
+@pytest.mark.parametrize("ratio", [0, 1], ids=["sync", "async"])
+def test_a_run_with_the_openai_policy(fake_llm, producer_thread, r: redis.Redis, run: str,
+                                      ratio: int) -> None:
+    server = fake_llm(p_good=0.5, malformed_share=0.5, latency_s=0.002)
+    config = two_tag_config([server.base_url], ratio=ratio)
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+
+    first = batcher.get_batch(timeout_s=30)
+    check_turns(first, [server.base_url])
+    assert {t["steps"][0]["version"] for t in first.trajectories} == {0}
+    batcher.ack(first)
+    batcher.publish_version()
+    later = batcher.get_batch(timeout_s=30)
+    check_turns(later, [server.base_url])
+    versions = {s["version"] for t in later.trajectories for s in t["steps"]}
+    assert versions == {1} if ratio == 0 else versions <= {0, 1}
+    batcher.ack(later)
+
+    steps = [(t["tag"], s) for b in (first, later) for t in b.trajectories for s in t["steps"]]
+    penalty = {"Lake": -0.01, "Box": -0.15}
+    malformed = [(tag, s) for tag, s in steps if "<answer>" not in s["response"]]
+    assert malformed, "p_good 0.5: some replies are malformed"
+    for tag, s in malformed:
+        assert s["reward"] == pytest.approx(penalty[tag])
+        assert s["info"]["action_is_valid"] is False and s["action"] == -1
+    check_prompts(list(server.requests))
+
+    val = batcher.get_batch(mode="val", timeout_s=30)
+    check_turns(val, [server.base_url])
+    val_seeds = {request_seed(t["seed"], t["member"], turn) for t in val.trajectories
+                 for turn in range(t["num_actions"])}  # the val turns' requests
+    val_bodies = [b for b in server.requests if b["seed"] in val_seeds]
+    assert len(val_bodies) == len(val_seeds)
+    assert {b["temperature"] for b in val_bodies} == {0.0}
+    assert {b["temperature"] for b in server.requests if b["seed"] not in val_seeds} == {1.0}
+    assert all(t["success"] for t in val.trajectories if t["tag"] == "Lake")
+
+
+def request_seed(episode_seed: int, member: int, turn: int) -> int:
+    ctx = StepContext(env=None, seed=episode_seed, version=0, mode="val", group_id=0,
+                      episode_id=0, member=member, tag="", turn=turn)
+    return turn_seed(ctx)
+
+
+def check_prompts(bodies: list[dict[str, Any]]) -> None:
+    """Each tag's requests carry its own templates; conversations grow turn by turn."""
+    lake = [b for b in bodies if b["messages"][0]["content"].startswith("SYS-LAKE\n")]
+    box = [b for b in bodies if b["messages"][0]["content"].startswith(
+        DEFAULT_AGENT_SYSTEM_TEMPLATE + "\nYou are playing Sokoban.")]
+    assert lake and box and len(lake) + len(box) == len(bodies)
+    assert "You are walking on a frozen lake." in lake[0]["messages"][0]["content"]
+    for body in lake:
+        turns = (len(body["messages"]) - 1) // 2 + 1
+        user = body["messages"][-1]["content"]
+        assert user.startswith(f"LAKE turn {turns}, {6 - turns + 1} left, 48 tokens\n")
+        assert body["max_tokens"] == 48 and body["temperature"] in (1.0, 0.0)
+        assert body["logprobs"] is True and body["return_token_ids"] is True
+    for body in box:
+        turns = (len(body["messages"]) - 1) // 2 + 1
+        user = body["messages"][-1]["content"]
+        assert user.startswith(f"Turn {turns}:\nState:\n")
+        assert f"You have {4 - turns + 1} actions left." in user and "64 tokens" in user
+        assert body["max_tokens"] == 64
+    grown = [b for b in bodies if len(b["messages"]) >= 4]
+    assert grown and all(b["messages"][2]["role"] == "assistant" for b in grown)
+
+
+def test_a_reply_without_thinking_gets_the_format_penalty_under_a_think_pattern(
+        fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+    """The Box tag requires `<think>...</think>` before the answer: the stand-in model's
+    answers with thinking pass, and its malformed ones (no tags at all) are penalised."""
+    server = fake_llm(p_good=0.0, malformed_share=0.0)  # random moves, always well formed
+    config = two_tag_config([server.base_url])
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    batch = batcher.get_batch(timeout_s=30)
+    box = [s for t in batch.trajectories if t["tag"] == "Box" for s in t["steps"]]
+    assert box and all(s["info"]["action_is_valid"] for s in box)
+
+
+def test_two_servers_one_killed_mid_run(fake_llm, producer_thread, r: redis.Redis,
+                                        run: str) -> None:
+    a, b = fake_llm(latency_s=0.005), fake_llm(latency_s=0.005)
+    config = two_tag_config([a.base_url, b.base_url], ratio=1, max_retries=1)
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    batch = batcher.get_batch(timeout_s=30)
+    assert {s["server"] for t in batch.trajectories for s in t["steps"]} == {a.base_url,
+                                                                          b.base_url}
+    a.stop()
+    for _ in range(3):
+        batcher.ack(batch)
+        batcher.publish_version()
+        batch = batcher.get_batch(timeout_s=30)
+        check_turns(batch, [a.base_url, b.base_url])
+    assert {s["server"] for t in batch.trajectories for s in t["steps"]} == {b.base_url}
+    assert batch.metrics["scheduler/failed_groups"] == 0
+
+
+def test_a_4xx_fails_the_episode_without_retries(fake_llm, producer_thread, r: redis.Redis,
+                                                 run: str) -> None:
+    server = fake_llm(latency_s=0.002)
+    config = two_tag_config([server.base_url], ratio=1)
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    batch = batcher.get_batch(timeout_s=30)
+    requests_before = server.stats["requests"]
+    server.fail_next("400")
+    failed = 0.0
+    for _ in range(3):
+        batcher.ack(batch)
+        batcher.publish_version()
+        batch = batcher.get_batch(timeout_s=30)
+        failed += batch.metrics["scheduler/failed_groups"]
+        if failed:
+            break
+    assert server.stats["fault:400"] == 1 and server.stats["requests"] > requests_before
+    assert failed == 1  # the group of the refused episode, dropped and counted
+    # the refused episode was not replayed: its turn-1 request was sent once
+    firsts = [b for b in server.requests if len(b["messages"]) == 2]
+    seeds = [b["seed"] for b in firsts]
+    assert len(seeds) == len(set(seeds))
+
+
+def start_producer(redis_url: str, run: str, env: dict[str, str],
+                   log_level: str = "INFO") -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rollstream", "--log-level", log_level, "produce",
+         "--redis-url", redis_url, "--run", run], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_an_unknown_model_exits_1_at_start(fake_llm, r: redis.Redis, run: str,
+                                           redis_url: str) -> None:
+    server = fake_llm()
+    config = two_tag_config([server.base_url], model="no-such-model")
+    Batcher(r, config, run=run)
+    proc = start_producer(redis_url, run, clean_env(), log_level="WARNING")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert "Traceback" not in out
+    lines = [line for line in out.splitlines() if "ERROR" in line]
+    assert len(lines) == 1
+    assert (f"model 'no-such-model' is unknown to every server ({server.base_url})"
+            in lines[0])
+
+
+@pytest.mark.slow
+def test_the_api_key_stays_out_of_logs_argv_and_redis(fake_llm, r: redis.Redis, run: str,
+                                                      redis_url: str) -> None:
+    key = f"sk-test-{uuid.uuid4().hex}"
+    server = fake_llm(api_key=key, latency_s=0.002)
+    config = two_tag_config([server.base_url], api_key_env="ROLLSTREAM_TEST_LLM_KEY")
+    batcher = Batcher(r, config, run=run)
+    proc = start_producer(redis_url, run, {**clean_env(), "ROLLSTREAM_TEST_LLM_KEY": key},
+                          log_level="DEBUG")
+    try:
+        batch = batcher.get_batch(timeout_s=60)  # the server requires the key: it was sent
+        assert len(batch) == 8 and server.stats["completed"] > 0
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as cmdline:
+            assert key.encode() not in cmdline.read()
+        batcher.ack(batch)
+        batcher.publish_version()
+        assert len(batcher.get_batch(timeout_s=60)) == 8
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "producer" in out and key not in out
+    assert key.encode() not in redis_dump(r, Keys(run))
+
+
+def redis_dump(r: redis.Redis, keys: Keys) -> bytes:
+    """Every value of every key of the run, as bytes."""
+    out = []
+    for name in r.scan_iter(match=keys.pattern(), count=1000):
+        kind = r.type(name)
+        if kind == b"string":
+            out.append(r.get(name) or b"")
+        elif kind == b"hash":
+            out += [k + v for k, v in r.hgetall(name).items()]
+        elif kind == b"set":
+            out += list(r.smembers(name))
+        elif kind == b"zset":
+            out += [m for m, _ in r.zrange(name, 0, -1, withscores=True)]
+        elif kind == b"list":
+            out += r.lrange(name, 0, -1)
+        elif kind == b"stream":
+            out += [k + v for _, fields in r.xrange(name) for k, v in fields.items()]
+        out.append(name)
+    assert out, "the run has keys"
+    return b"\n".join(out)
+
+
+@pytest.mark.skipif(not os.environ.get("ROLLSTREAM_TEST_VLLM_URL"),
+                    reason="set ROLLSTREAM_TEST_VLLM_URL (and ROLLSTREAM_TEST_VLLM_MODEL) to "
+                    "run against a real vLLM server")
+def test_against_a_real_vllm_server(producer_thread, r: redis.Redis, run: str) -> None:
+    url = os.environ["ROLLSTREAM_TEST_VLLM_URL"]
+    config = two_tag_config([url], model=os.environ.get("ROLLSTREAM_TEST_VLLM_MODEL", MODEL),
+                            timeout_s=120.0)
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    batch = batcher.get_batch(timeout_s=600)
+    for traj in batch.trajectories:
+        for step in traj["steps"]:
+            assert len(step["logprobs"]) == len(step["response_ids"]) > 0
+    assert len(batch.turn_tokens()) == sum(t["num_actions"] for t in batch.trajectories)
+
+
+def test_a_turn_aborted_by_a_weight_update_is_sent_again(fake_llm) -> None:
+    """SGLang aborts requests in flight while it loads weights (`finish_reason: abort`): the
+    policy sends the turn again and records the version the server reports."""
+    import asyncio
+    import threading
+
+    from llm_helpers import http
+
+    from producers.envs import build_env
+    from producers.policies import make_policy
+    from schemas.config import RolloutConfig
+
+    server = fake_llm(latency_s=30.0, load_time_s=0.3)
+    config: RolloutConfig = two_tag_config([server.base_url])
+    env = build_env(config, "Lake")
+    obs, _ = env.reset(seed=5)
+    ctx = StepContext(env=env, seed=5, version=0, mode="train", group_id=0, episode_id=0,
+                      member=0, tag="Lake")
+
+    def update() -> None:
+        wait_for(lambda: server.in_flight == 1, 10, what="the turn in flight")
+        server.options.latency_s = 0.01
+        http(f"{server.url}/update_weights_from_disk",
+             {"model_path": "/ckpt/7", "weight_version": "7"})
+
+    async def act() -> Any:
+        policy = make_policy(config.policy)
+        await policy.start()
+        try:
+            return await policy.act(obs, ctx)
+        finally:
+            await policy.close()
+
+    updater = threading.Thread(target=update)
+    updater.start()
+    action, turn = asyncio.run(act())
+    updater.join(10)
+    assert server.stats["aborted"] == 1 and server.stats["completed"] == 1
+    assert turn.finish_reason == "stop" and turn.version == 7
+    assert turn.version_source == "server"
+    assert len(ctx.scratch["chat"]) == 3  # the aborted attempt left no reply behind

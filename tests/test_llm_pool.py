@@ -1,0 +1,202 @@
+"""The producer's model-server pool against stand-in servers on loopback: server choice,
+retries, timeouts, servers going away and coming back, 4xx, the start check, 1,000 in
+flight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+from llm_helpers import MODEL, fake_llm_factory
+
+from producers.llm.pool import ServerPool
+from schemas.errors import EpisodeFailed, PolicyError
+
+fake_llm = pytest.fixture(fake_llm_factory)
+
+BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                   "temperature": 1.0}).encode()
+
+
+def run_pool(urls: list[str], scenario: Any, **kwargs: Any) -> Any:
+    """Run `await scenario(pool)` with a started pool over `urls`."""
+    kwargs.setdefault("timeout_s", 5.0)
+    kwargs.setdefault("max_retries", 2)
+
+    async def main() -> Any:
+        pool = ServerPool(urls, **kwargs)
+        await pool.start()
+        try:
+            return await scenario(pool)
+        finally:
+            await pool.close()
+
+    return asyncio.run(main())
+
+
+def test_requests_go_to_the_server_with_fewest_in_flight(fake_llm) -> None:
+    a, b = fake_llm(latency_s=60), fake_llm(latency_s=60)
+
+    async def scenario(pool: ServerPool) -> tuple[str, list[str]]:
+        held = asyncio.create_task(pool.chat(BODY))  # whichever server gets it holds it
+        while pool.inflight < 1:
+            await asyncio.sleep(0.01)
+        busy = next(s.base_url for s in pool.servers if s.inflight)
+        for server in (a, b):
+            if server.base_url != busy:
+                server.options.latency_s = 0.0
+        served = [(await pool.chat(BODY)).server.base_url for _ in range(6)]
+        held.cancel()
+        return busy, served
+
+    busy, served = run_pool([a.base_url, b.base_url], scenario)
+    idle = b.base_url if busy == a.base_url else a.base_url
+    assert served == [idle] * 6
+    assert (a if busy == a.base_url else b).stats["requests"] == 1  # only the held one
+
+
+def test_5xx_is_retried_then_the_next_server_then_waits_until_one_is_back(
+        fake_llm, caplog: pytest.LogCaptureFixture) -> None:
+    """max_retries=2: three 500s on each server mark both down; the request waits for the
+    cooldown and the first server tried answers."""
+    a, b = fake_llm(), fake_llm()
+    a.fail_next("500", 3)
+    b.fail_next("500", 3)
+    caplog.set_level(logging.INFO, logger="producers.llm.pool")
+    answer = run_pool([a.base_url, b.base_url], lambda pool: pool.chat(BODY))
+    assert answer.attempts == 7
+    assert a.stats["fault:500"] == b.stats["fault:500"] == 3
+    assert a.stats["completed"] + b.stats["completed"] == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("all 2 model servers are down" in m for m in messages) == 1
+    assert sum("is back; turns resume" in m for m in messages) == 1
+
+
+def test_a_500_is_retried_on_the_same_server(fake_llm) -> None:
+    a = fake_llm()
+    a.fail_next("500", 2)
+    answer = run_pool([a.base_url], lambda pool: pool.chat(BODY))
+    assert answer.attempts == 3 and a.stats["completed"] == 1 and not answer.server.down
+
+
+def test_a_hang_past_the_timeout_is_retried_on_another_server(fake_llm) -> None:
+    a, b = fake_llm(), fake_llm()
+    a.fail_next("hang")
+    b.fail_next("hang")
+    answer = run_pool([a.base_url, b.base_url], lambda pool: pool.chat(BODY), timeout_s=0.5)
+    # the first server hung, the second hung, the first answered: never the same one twice
+    assert answer.attempts == 3
+    assert a.stats["fault:hang"] == b.stats["fault:hang"] == 1
+    for server in (a, b):  # each saw its hung request closed by the client
+        wait_until(lambda s=server: s.stats["cancelled"] == 1)
+
+
+def wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_4xx_fails_at_once(fake_llm) -> None:
+    a = fake_llm()
+    a.fail_next("400")
+    with pytest.raises(EpisodeFailed, match=r"refused the request \(HTTP 400\)"):
+        run_pool([a.base_url], lambda pool: pool.chat(BODY))
+    assert a.stats["requests"] == 1
+
+
+def test_a_dead_server_is_left_and_used_again_once_back(fake_llm) -> None:
+    a, b = fake_llm(latency_s=0.02), fake_llm(latency_s=0.02)
+
+    async def scenario(pool: ServerPool) -> None:
+        await asyncio.gather(*(pool.chat(BODY) for _ in range(10)))
+        assert a.stats["completed"] > 0 and b.stats["completed"] > 0
+        await asyncio.to_thread(a.stop)
+        answers = await asyncio.gather(*(pool.chat(BODY) for _ in range(30)))
+        assert all(x.server.base_url == b.base_url for x in answers[-10:])
+        assert pool.servers[0].down
+        before = a.stats["completed"]
+        await asyncio.to_thread(a.start)  # same port: the server is back
+        deadline = time.monotonic() + 3 * pool.cooldown_max_s  # tried again within a cooldown
+        while a.stats["completed"] == before and time.monotonic() < deadline:
+            await pool.chat(BODY)
+        assert a.stats["completed"] > before and not pool.servers[0].down
+
+    run_pool([a.base_url, b.base_url], scenario, max_retries=1, cooldown_max_s=0.5)
+
+
+def test_while_every_server_is_down_requests_wait(fake_llm,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    a = fake_llm()
+    a.stop()
+    caplog.set_level(logging.INFO, logger="producers.llm.pool")
+
+    async def scenario(pool: ServerPool) -> Any:
+        request = asyncio.create_task(pool.chat(BODY))
+        while not pool.servers[0].down:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+        assert not request.done()  # waiting, not failed
+        await asyncio.to_thread(a.start)
+        return await asyncio.wait_for(request, 10)
+
+    answer = run_pool([a.base_url], scenario, max_retries=1)
+    assert answer.server.base_url == a.base_url
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("all 1 model servers are down" in m for m in messages) == 1
+    assert sum("is back; turns resume" in m for m in messages) == 1
+
+
+def test_the_start_check(fake_llm) -> None:
+    a, b = fake_llm(), fake_llm(model="another-model")
+
+    with pytest.raises(PolicyError) as info:
+        run_pool([b.base_url], lambda pool: pool.check_model(MODEL))
+    assert str(info.value) == f"model {MODEL!r} is unknown to every server ({b.base_url})"
+
+    async def keeps_those_with_the_model(pool: ServerPool) -> list[str]:
+        await pool.check_model(MODEL)
+        return [s.base_url for s in pool.servers]
+
+    assert run_pool([a.base_url, b.base_url], keeps_those_with_the_model) == [a.base_url]
+
+    secured = fake_llm(api_key="k")
+    with pytest.raises(PolicyError, match="refused the API key"):
+        run_pool([secured.base_url], lambda pool: pool.check_model(MODEL))
+    run_pool([secured.base_url], lambda pool: pool.check_model(MODEL), api_key="k")
+
+
+def test_the_start_check_waits_for_servers_that_are_down(fake_llm) -> None:
+    a = fake_llm()
+    a.stop()
+    timer = threading.Timer(0.6, a.start)
+    timer.start()
+    started = time.monotonic()
+    run_pool([a.base_url], lambda pool: pool.check_model(MODEL))
+    assert time.monotonic() - started >= 0.5
+    timer.join()
+
+
+@pytest.mark.slow
+def test_a_thousand_requests_in_flight_without_threads(fake_llm) -> None:
+    server = fake_llm(latency_s=1.5)
+
+    async def scenario(pool: ServerPool) -> int:
+        threads = threading.active_count()
+        tasks = [asyncio.create_task(pool.chat(BODY)) for _ in range(1100)]
+        while server.in_flight < 1000:
+            await asyncio.sleep(0.05)
+            assert not any(t.done() and t.exception() for t in tasks)
+        assert threading.active_count() == threads
+        assert pool.inflight == 1024  # max_inflight: the rest wait for a slot
+        await asyncio.gather(*tasks)
+        return server.stats["completed"]
+
+    assert run_pool([server.base_url], scenario, max_inflight=1024, timeout_s=30) == 1100
+    assert server.stats["max_in_flight"] >= 1000
