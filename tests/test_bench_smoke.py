@@ -35,3 +35,8 @@ def test_bench_pipeline_prints_a_ratio():
     out = bench("bench/bench_pipeline.py", "--seconds", "2", "--producers", "1",
                 "--warmup-batches", "1")
     assert "x" in out and "traj/s" in out, out
+
+
+def test_bench_handoff_prints_percentiles():
+    out = bench("bench/bench_handoff.py", "--batches", "2", "--producers", "1")
+    assert "hand-off, batch 1024" in out and "p99" in out, out
