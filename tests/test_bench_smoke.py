@@ -40,3 +40,9 @@ def test_bench_pipeline_prints_a_ratio():
 def test_bench_handoff_prints_percentiles():
     out = bench("bench/bench_handoff.py", "--batches", "2", "--producers", "1")
     assert "hand-off, batch 1024" in out and "p99" in out, out
+
+
+def test_bench_scale_prints_each_part():
+    out = bench("bench/bench_scale.py", "--seconds", "1", "--counts", "1", "--big-envs", "256",
+                "--latency-s", "0.005")
+    assert "1 producer(s)" in out and "event-loop lag" in out and "bytes" in out, out
