@@ -169,7 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "config":
         if args.config_command == "show":
-            print(RolloutConfig.from_yaml(args.file).to_yaml(), end="")
+            text = RolloutConfig.from_yaml(args.file).to_yaml()
+            print(f"# {args.file} as rollstream resolved it (a plain rollstream config)\n{text}",
+                  end="")
             return 0
         return _config_check(args)
     if args.command in ("up", "train"):
