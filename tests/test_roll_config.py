@@ -107,10 +107,10 @@ def test_plain_files_load_as_plain_yaml_and_need_no_hydra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "hydra", None)  # as if the extra were not installed
     config = RolloutConfig.from_yaml(ROOT / "configs" / "frozenlake_sync.yaml")
     assert config.train_env_manager.tags == ["FrozenLake"]
-    assert cli_main(["config", "check", FIXTURE]) == 2
+    assert cli_main(["config", "check", str(ROLL_FILE)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert "pip install 'rollstream[roll]'" in err and FIXTURE in err
+    assert "pip install 'rollstream[roll]'" in err and str(ROLL_FILE) in err
 
 
 @pytest.mark.parametrize(
@@ -155,7 +155,11 @@ def test_config_show_round_trips_to_an_equal_plain_config(tmp_path):
     assert "${" not in out.stdout and "defaults" not in out.stdout
     assert "deepspeed_zero" not in out.stdout and "actor_train" not in out.stdout
     shown = yaml.safe_load(out.stdout)
-    assert shown["custom_envs"]["FrozenLake"]["max_steps"] == 10
+    # what the ROLL keys became, with every default spelled out
+    frozen = shown["custom_envs"]["FrozenLake"]
+    assert (frozen["env_id"], frozen["max_steps"]) == ("rollstream/FrozenLake-v0", 10)
+    assert shown["policy"] == {"type": "random", "latency_s": 0.0, "latency_sigma": 0.0}
+    assert shown["lease_ttl_s"] == 10.0 and shown["val_env_manager"]["group_size_redundancy"] == 0
     path = tmp_path / "shown.yaml"
     path.write_text(out.stdout, encoding="utf-8")
     assert RolloutConfig.from_yaml(path) == RolloutConfig.from_yaml(ROLL_FILE)

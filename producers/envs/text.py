@@ -6,6 +6,10 @@ or e.g. `<think>(.*?)</think>\s*<answer>(.*?)</answer>` to require the thinking 
 `TextGridEnv` holds what both grid envs have in common: the answer parsing,
 the step budget, the format penalty for an unparsable reply, the vocabulary of cell symbols
 and the `Text` observation space (the observation is the rendered grid).
+
+ROLL's env_config keys work as ROLL writes them: `grid_lookup` by cell kind or by ROLL's
+integer code, `grid_vocab` (symbol -> the meaning the agent is told), `action_lookup` (ROLL's
+action id -> the name the agent writes) and `env_instruction` (the rules, replacing ours).
 """
 
 from __future__ import annotations
