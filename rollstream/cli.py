@@ -1,6 +1,7 @@
 """The `rollstream` command line.
 
     rollstream config check FILE [--json]      the env layout of a config
+    rollstream config show FILE                the resolved config as YAML
     rollstream up --config FILE [...]          Redis + producers + a trainer loop, locally
     rollstream up --trainer "SCRIPT [ARGS]"    the same with your own trainer script
     rollstream train --config FILE --redis-url URL [...]   only the trainer loop
@@ -54,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = config_sub.add_parser("check", help="validate a config and print its layout")
     check.add_argument("file")
     check.add_argument("--json", action="store_true", help="print the layout as JSON")
+    show = config_sub.add_parser("show", help="print the resolved config as YAML (what a ROLL "
+                                              "file's keys became)")
+    show.add_argument("file")
 
     up = sub.add_parser("up", help="run Redis, producers and a trainer loop here")
     train = sub.add_parser("train", help="only the stand-in trainer loop; producers elsewhere")
@@ -164,6 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "config":
+        if args.config_command == "show":
+            text = RolloutConfig.from_yaml(args.file).to_yaml()
+            print(f"# {args.file} as rollstream resolved it (a plain rollstream config)\n{text}",
+                  end="")
+            return 0
         return _config_check(args)
     if args.command in ("up", "train"):
         return _up(args)

@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from schemas import roll
 from schemas.envspec import DEFAULT_CUSTOM_ENVS, EnvSpec
 from schemas.errors import ConfigError
 from schemas.policy import (
@@ -265,16 +266,21 @@ class RolloutConfig(BaseModel):
                   warn: bool = True) -> RolloutConfig:
         """Validate a parsed config; unknown keys are dropped with one warning listing them.
 
-        `base_dir` (the config file's folder) resolves a python policy's relative file
-        entrypoint; `warn=False` for a config already checked where it was written."""
+        ROLL's `pretrain` and `actor_infer.generating_args` fill an openai policy block's
+        defaults (`schemas.roll.policy_defaults`). `base_dir` (the config file's folder)
+        resolves a python policy's relative file entrypoint; `warn=False` for a config already
+        checked where it was written."""
         if data is None:
             raise ConfigError(f"{source}: the config is empty")
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a mapping of config keys at the top level, "
                               f"got a {type(data).__name__}")
+        data, unused = roll.policy_defaults(data)
         cleaned, unknown = _drop_unknown(data)
+        unknown += unused
         if unknown and warn:
-            logger.warning("%s: ignoring unknown config keys: %s", source, ", ".join(unknown))
+            logger.warning("%s: ignoring unknown config keys: %s%s", source, ", ".join(unknown),
+                           _policy_hint(data))
         try:
             config = cls.model_validate(cleaned)
         except ValidationError as exc:
@@ -290,6 +296,8 @@ class RolloutConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> RolloutConfig:
+        """A config file: plain YAML, or a ROLL/Hydra file (a `defaults` list or `${...}`
+        interpolation) composed as ROLL's launcher composes it (`schemas.roll.compose`)."""
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
@@ -299,6 +307,8 @@ class RolloutConfig(BaseModel):
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+        if roll.needs_composition(data):
+            data = roll.compose(path)
         return cls.from_dict(data, source=str(path), base_dir=path.resolve().parent)
 
     @classmethod
@@ -309,10 +319,34 @@ class RolloutConfig(BaseModel):
         except json.JSONDecodeError as exc:
             raise ConfigError(f"published config: not valid JSON: {exc}") from None
 
+    def to_yaml(self) -> str:
+        """The resolved config as YAML (`rollstream config show`): every field with its
+        defaults filled in, a file's ROLL keys as what they became; loading it gives this
+        config back. A password in `redis_url` is masked."""
+        from schemas.connection import mask_url
+
+        data = self.model_dump()
+        if data.get("redis_url"):
+            data["redis_url"] = mask_url(data["redis_url"])
+        return yaml.dump(data, Dumper=_ShowDumper, sort_keys=False, allow_unicode=True,
+                         width=100)
+
     def to_json(self) -> str:
         """The config as published in Redis: everything but `redis_url` (producers are
         already connected, and a URL can hold a password)."""
         return self.model_dump_json(exclude={"redis_url"})
+
+
+class _ShowDumper(yaml.SafeDumper):
+    """Safe YAML with multi-line strings (agent templates) as literal blocks."""
+
+
+def _show_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ShowDumper.add_representer(str, _show_str)
 
 
 def _check_multiple(field: str, size: int, manager: EnvManagerConfig, name: str) -> None:
@@ -346,11 +380,42 @@ def _drop_unknown(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             cleaned["policy"] = _drop_section(cleaned, "policy", known, unknown)
     envs = cleaned.get("custom_envs")
     if isinstance(envs, dict):
+        by_key: dict[str, list[str]] = {}
+        for tag, spec in envs.items():
+            if isinstance(spec, dict):
+                for key in spec:
+                    if key not in _SPEC_KEYS:
+                        by_key.setdefault(str(key), []).append(str(tag))
+        unknown.extend(_tag_keys(by_key, len(envs)))
         cleaned["custom_envs"] = {
-            tag: _drop_section(envs, tag, _SPEC_KEYS, unknown, f"custom_envs.{tag}")
-            for tag in envs
+            tag: {k: v for k, v in spec.items() if k in _SPEC_KEYS}
+            if isinstance(spec, dict) else spec
+            for tag, spec in envs.items()
         }
     return {k: v for k, v in cleaned.items() if v is not None}, unknown
+
+
+def _tag_keys(by_key: dict[str, list[str]], num_tags: int) -> list[str]:
+    """Ignored per-tag keys, each named once: `custom_envs.FrozenLake.key` for one tag,
+    `custom_envs.{A,B}.key` for several, `custom_envs.*.key` for every tag."""
+    out = []
+    for key, tags in by_key.items():
+        if len(tags) == 1:
+            out.append(f"custom_envs.{tags[0]}.{key}")
+        elif len(tags) == num_tags:
+            out.append(f"custom_envs.*.{key}")
+        else:
+            out.append(f"custom_envs.{{{','.join(tags)}}}.{key}")
+    return out
+
+
+def _policy_hint(data: dict[str, Any]) -> str:
+    """Why ROLL's model and sampling keys went unused, when they did."""
+    if not any(key in data for key in roll.POLICY_SOURCES):
+        return ""
+    return (" (pretrain and actor_infer.generating_args set the model and sampling of a "
+            "`policy: {type: openai, base_urls: [...]}` block; this config's policy is not "
+            "openai)")
 
 
 def _drop_section(

@@ -58,6 +58,10 @@ class EnvSpec(BaseModel):
     env_id: str = Field(default="", description="registered gymnasium id, e.g. CartPole-v1")
     env_type: str | None = Field(default=None, description="ROLL alias: sokoban, frozen_lake")
     env_config: dict[str, Any] = Field(default_factory=dict, description="kwargs for make()")
+    max_steps: PositiveInt | None = Field(
+        default=None, description="the tag's step budget (ROLL's custom_envs.TAG.max_steps): "
+        "our envs' max_steps (the smaller one when env_config has one too), any other env's "
+        "gymnasium time limit")
     threaded: bool = Field(
         default=False,
         description="run reset/step in a worker thread, for envs that block (I/O, "

@@ -15,7 +15,7 @@ from producers.envs.frozenlake import FrozenLakeEnv
 from producers.envs.sokoban import SokobanEnv
 from producers.envs.text import TextGridEnv, parse_answer
 from schemas.config import RolloutConfig
-from schemas.envspec import FROZENLAKE_ID, SOKOBAN_ID
+from schemas.envspec import FROZENLAKE_ID, SOKOBAN_ID, EnvSpec
 from schemas.errors import ConfigError
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "TextGridEnv",
     "build_env",
     "check_envs",
+    "env_kwargs",
     "is_text_env",
     "make_env",
     "parse_answer",
@@ -62,11 +63,23 @@ def make_env(env_id: str, env_config: dict[str, Any] | None = None) -> gym.Env:
         raise ValueError(f"cannot make env {env_id!r}: {exc}") from exc
 
 
+def env_kwargs(spec: EnvSpec) -> dict[str, Any]:
+    """The kwargs `make_env` gets for a tag: its `env_config`, with the tag's `max_steps` as
+    the step budget (our envs' `max_steps`, any other env's `max_episode_steps` time limit;
+    the smaller one when `env_config` sets it too, as ROLL stops an episode at either)."""
+    kwargs = dict(spec.env_config)
+    if spec.max_steps is not None:
+        key = "max_steps" if spec.env_id in _ENTRY_POINTS else "max_episode_steps"
+        given = kwargs.get(key)
+        kwargs[key] = spec.max_steps if given is None else min(int(given), spec.max_steps)
+    return kwargs
+
+
 def build_env(config: RolloutConfig, tag: str) -> gym.Env:
     """The env of a config tag; a failure is a `ConfigError` naming the tag and the cause."""
     spec = config.env_spec(tag)
     try:
-        env = make_env(spec.env_id, spec.env_config)
+        env = make_env(spec.env_id, env_kwargs(spec))
     except Exception as exc:  # an env's own constructor may raise anything
         raise ConfigError(f"custom_envs.{tag}: cannot make {spec.env_id!r} with env_config "
                           f"{spec.env_config}: {type(exc).__name__}: {exc}") from exc

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from producers.envs.text import TextGridEnv, describe_vocab, resolve_vocab
+from producers.envs.text import TextGridEnv
 
-# Cell kind -> symbol; the keys are the `grid_lookup` keys.
+# Cell kind -> symbol; the keys are the `grid_lookup` keys, in the order of ROLL's integer
+# codes (0 player, 1 frozen, 2 hole, 3 goal, 4 player in hole, 5 player on goal).
 DEFAULT_VOCAB: Mapping[str, str] = MappingProxyType(
     {
         "player": "P",
@@ -76,13 +77,17 @@ def has_path(rows: tuple[str, ...]) -> bool:
 class FrozenLakeEnv(TextGridEnv):
     """FrozenLake with a random map per reset and a text observation.
 
-    Actions 0..3 = Left, Down, Right, Up. On a slippery lake the move taken is the intended
-    one or one of the two perpendicular ones, 1/3 each (drawn from the env's generator). A
-    move off the edge stays put. Reaching the goal terminates with reward 1, a hole terminates
-    with reward 0; other steps earn 0. `truncated` once `max_steps` steps have been taken.
+    Actions 0..3 = Left, Down, Right, Up (ROLL's ids are the same). On a slippery lake the
+    move taken is the intended one or one of the two perpendicular ones, 1/3 each (drawn from
+    the env's generator). A move off the edge stays put. Reaching the goal terminates with
+    reward 1, a hole terminates with reward 0; other steps earn 0. `truncated` once
+    `max_steps` steps have been taken.
     """
 
     action_names = ("Left", "Down", "Right", "Up")
+    roll_action_ids = (0, 1, 2, 3)
+    default_vocab = DEFAULT_VOCAB
+    example_action = 0  # Left
 
     def __init__(
         self,
@@ -90,10 +95,13 @@ class FrozenLakeEnv(TextGridEnv):
         p: float = 0.8,
         is_slippery: bool = True,
         max_steps: int = 100,
-        grid_lookup: Mapping[str, str] | None = None,
+        grid_lookup: Mapping[Any, str] | None = None,
         format_penalty: float = -0.01,
         render_mode: str | None = None,
         action_pattern: str | None = None,
+        grid_vocab: Mapping[Any, Any] | None = None,
+        action_lookup: Mapping[Any, Any] | None = None,
+        env_instruction: str | None = None,
     ) -> None:
         if int(size) < 2:
             raise ValueError(f"size must be >= 2, got {size}")
@@ -102,25 +110,24 @@ class FrozenLakeEnv(TextGridEnv):
         self.size = int(size)
         self.p = float(p)
         self.is_slippery = bool(is_slippery)
-        self.vocab = resolve_vocab(DEFAULT_VOCAB, grid_lookup)
         super().__init__(
             rows=self.size,
             cols=self.size,
-            symbols="".join(self.vocab.values()),
             max_steps=max_steps,
             format_penalty=format_penalty,
             render_mode=render_mode,
             action_pattern=action_pattern,
+            grid_lookup=grid_lookup,
+            grid_vocab=grid_vocab,
+            action_lookup=action_lookup,
+            env_instruction=env_instruction,
         )
         self._tiles: tuple[str, ...] = ()  # the map, rows of tile codes
         self._base: list[str] = []  # the rendered map without the player
         self._row = 0
         self._col = 0
 
-    @property
-    def instruction(self) -> str:
-        """The rules, the current vocabulary, the actions and the answer format."""
-        names = ", ".join(self.action_names)
+    def _rules(self) -> str:
         slippery = (
             " The ice is slippery: you may move in a direction perpendicular to the one you chose."
             if self.is_slippery
@@ -128,12 +135,11 @@ class FrozenLakeEnv(TextGridEnv):
         )
         return (
             "You are walking on a frozen lake. Reach the goal without falling into a hole; "
-            f"moving off the edge leaves you where you are.{slippery}\n"
-            f"Grid symbols: {describe_vocab(self.vocab)}.\n"
-            f"Actions: {names}. Reward: {GOAL_REWARD:g} at the goal, 0 otherwise. At most "
-            f"{self.max_steps} steps.\n"
-            "Answer with one action in the tag, for example <answer>Left</answer>."
+            f"moving off the edge leaves you where you are.{slippery}"
         )
+
+    def _rewards(self) -> str:
+        return f"Reward: {GOAL_REWARD:g} at the goal, 0 otherwise."
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

@@ -11,9 +11,10 @@ from types import MappingProxyType
 from typing import Any
 
 from producers.envs.sokoban_gen import Room, generate_room
-from producers.envs.text import TextGridEnv, describe_vocab, resolve_vocab
+from producers.envs.text import TextGridEnv
 
-# Cell kind -> symbol; the keys are the `grid_lookup` keys.
+# Cell kind -> symbol; the keys are the `grid_lookup` keys, in the order of ROLL's integer
+# codes (0 wall, 1 empty, 2 target, 3 box on target, 4 box, 5 player, 6 player on target).
 DEFAULT_VOCAB: Mapping[str, str] = MappingProxyType(
     {
         "wall": "#",
@@ -35,13 +36,16 @@ SOLVED_REWARD = 10.0
 class SokobanEnv(TextGridEnv):
     """Sokoban with a generated room per reset and a text observation.
 
-    Actions 0..3 = Up, Down, Left, Right; moving into a box pushes it if the cell beyond is
-    free. Reward per step: -0.1, +1 for a box pushed onto a target, -1 for one pushed off,
-    +10 when all boxes are on targets (which terminates). `truncated` once `max_steps` steps
-    have been taken.
+    Actions 0..3 = Up, Down, Left, Right (ROLL's ids 1..4, as its `action_lookup` numbers
+    them); moving into a box pushes it if the cell beyond is free. Reward per step: -0.1, +1
+    for a box pushed onto a target, -1 for one pushed off, +10 when all boxes are on targets
+    (which terminates). `truncated` once `max_steps` steps have been taken.
     """
 
     action_names = ("Up", "Down", "Left", "Right")
+    roll_action_ids = (1, 2, 3, 4)
+    default_vocab = DEFAULT_VOCAB
+    example_action = 2  # Left
 
     def __init__(
         self,
@@ -49,10 +53,13 @@ class SokobanEnv(TextGridEnv):
         num_boxes: int = 1,
         max_steps: int = 100,
         search_depth: int = 300,
-        grid_lookup: Mapping[str, str] | None = None,
+        grid_lookup: Mapping[Any, str] | None = None,
         format_penalty: float = -0.15,
         render_mode: str | None = None,
         action_pattern: str | None = None,
+        grid_vocab: Mapping[Any, Any] | None = None,
+        action_lookup: Mapping[Any, Any] | None = None,
+        env_instruction: str | None = None,
     ) -> None:
         rows, cols = (int(n) for n in dim_room)
         if rows < 3 or cols < 3:
@@ -66,15 +73,17 @@ class SokobanEnv(TextGridEnv):
         self.dim_room = (rows, cols)
         self.num_boxes = int(num_boxes)
         self.search_depth = int(search_depth)
-        self.vocab = resolve_vocab(DEFAULT_VOCAB, grid_lookup)
         super().__init__(
             rows=rows,
             cols=cols,
-            symbols="".join(self.vocab.values()),
             max_steps=max_steps,
             format_penalty=format_penalty,
             render_mode=render_mode,
             action_pattern=action_pattern,
+            grid_lookup=grid_lookup,
+            grid_vocab=grid_vocab,
+            action_lookup=action_lookup,
+            env_instruction=env_instruction,
         )
         # Cells are indices into the rendered text, `row * (cols + 1) + col`: the "\n" after
         # each row takes one index, so a move is an index offset and rendering is a join.
@@ -87,20 +96,18 @@ class SokobanEnv(TextGridEnv):
         self._player = 0
         self._boxes_on_target = 0
 
-    @property
-    def instruction(self) -> str:
-        """The rules, the current vocabulary, the actions and the answer format."""
-        names = ", ".join(self.action_names)
+    def _rules(self) -> str:
         return (
             "You are playing Sokoban. Push every box onto a target. Moving into a box pushes "
             "it one cell in the same direction if the cell beyond is empty; boxes cannot be "
-            "pulled, and walls and other boxes block them.\n"
-            f"Grid symbols: {describe_vocab(self.vocab)}.\n"
-            f"Actions: {names}. Rewards: {STEP_REWARD} per step, +{BOX_ON_TARGET_REWARD:g} "
-            f"for a box pushed onto a target, {BOX_OFF_TARGET_REWARD:g} for one pushed off, "
-            f"+{SOLVED_REWARD:g} when all boxes are on targets. At most {self.max_steps} "
-            "steps.\n"
-            "Answer with one action in the tag, for example <answer>Left</answer>."
+            "pulled, and walls and other boxes block them."
+        )
+
+    def _rewards(self) -> str:
+        return (
+            f"Rewards: {STEP_REWARD} per step, +{BOX_ON_TARGET_REWARD:g} for a box pushed onto "
+            f"a target, {BOX_OFF_TARGET_REWARD:g} for one pushed off, +{SOLVED_REWARD:g} when "
+            "all boxes are on targets."
         )
 
     def reset(

@@ -6,6 +6,10 @@ or e.g. `<think>(.*?)</think>\s*<answer>(.*?)</answer>` to require the thinking 
 `TextGridEnv` holds what both grid envs have in common: the answer parsing,
 the step budget, the format penalty for an unparsable reply, the vocabulary of cell symbols
 and the `Text` observation space (the observation is the rendered grid).
+
+ROLL's env_config keys work as ROLL writes them: `grid_lookup` by cell kind or by ROLL's
+integer code, `grid_vocab` (symbol -> the meaning the agent is told), `action_lookup` (ROLL's
+action id -> the name the agent writes) and `env_instruction` (the rules, replacing ours).
 """
 
 from __future__ import annotations
@@ -61,75 +65,176 @@ def parse_answer(reply: object, action_names: Sequence[str],
     return None
 
 
+def roll_index(key: object) -> int | None:
+    """A lookup key as ROLL writes it, an integer code, as an int; None for any other key.
+
+    Digit strings count too: a config that went through JSON (the published config) has its
+    integer keys turned into strings."""
+    if isinstance(key, bool):
+        return None
+    if isinstance(key, int):
+        return key
+    if isinstance(key, str) and key.strip().isdigit():
+        return int(key)
+    return None
+
+
 def resolve_vocab(
-    defaults: Mapping[str, str], overrides: Mapping[str, str] | None
+    defaults: Mapping[str, str], overrides: Mapping[Any, str] | None
 ) -> dict[str, str]:
     """The defaults with `overrides` applied, checked: one distinct character per cell kind.
 
-    A partial `overrides` changes only the symbols it names. Unknown keys, multi-character
-    symbols, the newline (it separates rows) and duplicates raise `ValueError`, since any of
-    them would make the rendered grid ambiguous.
+    A key is a cell kind (`wall`) or ROLL's integer code for it, the kind's position in
+    `defaults` (Sokoban: 0 wall ... 6 player on target). A partial `overrides` changes only the
+    symbols it names. Unknown keys, a kind named twice, multi-character symbols, the newline
+    (it separates rows) and duplicates raise `ValueError`, since any of them would make the
+    rendered grid ambiguous.
     """
+    kinds = list(defaults)
     vocab = dict(defaults)
+    named: dict[str, object] = {}
     for key, symbol in (overrides or {}).items():
-        if key not in defaults:
-            known = ", ".join(defaults)
+        index = roll_index(key)
+        if index is not None and 0 <= index < len(kinds):
+            kind = kinds[index]
+        elif index is None and key in defaults:
+            kind = str(key)
+        else:
+            known = f"0-{len(kinds) - 1} or " + ", ".join(kinds)
             raise ValueError(f"grid_lookup has unknown key {key!r} (known: {known})")
+        if kind in named:
+            raise ValueError(f"grid_lookup names {kind} twice ({named[kind]!r} and {key!r})")
+        named[kind] = key
         if not isinstance(symbol, str) or len(symbol) != 1 or symbol == "\n":
             raise ValueError(f"grid_lookup[{key!r}] must be one character other than newline")
-        vocab[key] = symbol
+        vocab[kind] = symbol
     if len(set(vocab.values())) != len(vocab):
         raise ValueError(f"grid_lookup symbols must be distinct, got {vocab}")
     return vocab
 
 
-def describe_vocab(vocab: Mapping[str, str]) -> str:
+def resolve_meanings(
+    vocab: Mapping[str, str], grid_vocab: Mapping[Any, Any] | None
+) -> dict[str, str]:
+    """Symbol -> the text the agent is told it means: `grid_vocab` (ROLL's key: symbol ->
+    meaning) where given, else the cell kind in words. A `grid_vocab` symbol the grid does not
+    use raises `ValueError` (the agent would be told about a symbol it never sees)."""
+    meanings = {symbol: kind.replace("_", " ") for kind, symbol in vocab.items()}
+    for symbol, text in (grid_vocab or {}).items():
+        if symbol not in meanings:
+            used = " ".join(vocab.values())
+            raise ValueError(f"grid_vocab has symbol {symbol!r}, which the grid does not use "
+                             f"(its symbols: {used})")
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"grid_vocab[{symbol!r}] must be a non-empty text")
+        meanings[symbol] = text.strip()
+    return meanings
+
+
+def resolve_actions(
+    names: Sequence[str], roll_ids: Sequence[int], lookup: Mapping[Any, Any] | None
+) -> tuple[str, ...]:
+    """The action names with ROLL's `action_lookup` (action id -> the name the agent writes)
+    applied: `roll_ids[i]` is ROLL's id of action `i`. A partial lookup renames only the
+    actions it names; unknown ids, empty names and names equal but for case raise
+    `ValueError` (replies are matched ignoring case)."""
+    out = list(names)
+    for key, name in (lookup or {}).items():
+        index = roll_index(key)
+        if index not in roll_ids:
+            known = ", ".join(f"{i} {n}" for i, n in zip(roll_ids, names, strict=True))
+            raise ValueError(f"action_lookup has unknown action id {key!r} (ids: {known})")
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"action_lookup[{key!r}] must be a non-empty name")
+        out[roll_ids.index(index)] = name.strip()
+    if len({name.lower() for name in out}) != len(out):
+        raise ValueError(f"action_lookup names must be distinct ignoring case, got {out}")
+    return tuple(out)
+
+
+def describe_vocab(vocab: Mapping[str, str], meanings: Mapping[str, str] | None = None) -> str:
     """One line listing each symbol and what it means, for an instruction."""
-    return ", ".join(f"{symbol} = {key.replace('_', ' ')}" for key, symbol in vocab.items())
+    meanings = meanings or {}
+    return ", ".join(f"{symbol} = {meanings.get(symbol, kind.replace('_', ' '))}"
+                     for kind, symbol in vocab.items())
 
 
 class TextGridEnv(gym.Env[str, np.int64]):
     """Base of the grid envs: the observation is the grid as text, one symbol per cell.
 
-    Subclasses set `action_names`, build their state in `reset`, and implement `_move` (apply
-    a valid action), `_is_over`, `_text` (render the current grid), `_info` and `instruction`.
-    Here:
-    `step` with the step budget and the no-op for an invalid action, `parse_action`,
-    `step_text` and `render`.
+    Subclasses set `action_names` (and ROLL's ids for them, `roll_action_ids`),
+    `default_vocab`, build their state in `reset`, and implement `_move` (apply a valid
+    action), `_is_over`, `_text` (render the current grid), `_info`, and `_rules`/`_rewards`
+    for the instruction. Here: the vocabulary and action names with ROLL's lookups, the
+    instruction, `step` with the step budget and the no-op for an invalid action,
+    `parse_action`, `step_text` and `render`.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
-    action_names: ClassVar[tuple[str, ...]] = ()
+    action_names: tuple[str, ...] = ()
+    roll_action_ids: ClassVar[tuple[int, ...]] = ()  # ROLL's action id of each action
+    default_vocab: ClassVar[Mapping[str, str]] = {}  # cell kind -> symbol, in ROLL's code order
+    example_action: ClassVar[int] = 0  # the action the instruction's answer example names
 
     def __init__(
         self,
         *,
         rows: int,
         cols: int,
-        symbols: str,
         max_steps: int,
         format_penalty: float,
         render_mode: str | None,
         action_pattern: str | None = None,
+        grid_lookup: Mapping[Any, str] | None = None,
+        grid_vocab: Mapping[Any, Any] | None = None,
+        action_lookup: Mapping[Any, Any] | None = None,
+        env_instruction: str | None = None,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         if int(max_steps) < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if env_instruction is not None and not isinstance(env_instruction, str):
+            raise ValueError("env_instruction must be a text")
         self.render_mode = render_mode
         self.max_steps = int(max_steps)
         self.format_penalty = float(format_penalty)
         self.action_pattern = compile_action_pattern(action_pattern)
+        self.vocab = resolve_vocab(self.default_vocab, grid_lookup)
+        self.meanings = resolve_meanings(self.vocab, grid_vocab)
+        self.action_names = resolve_actions(self.action_names, self.roll_action_ids,
+                                            action_lookup)
+        self.env_instruction = env_instruction
         self.action_space = spaces.Discrete(len(self.action_names))
         length = rows * (cols + 1) - 1  # rows joined by "\n"
         self.observation_space = spaces.Text(
-            max_length=length, min_length=length, charset=symbols + "\n"
+            max_length=length, min_length=length, charset="".join(self.vocab.values()) + "\n"
         )
         self._num_steps = 0
 
     @property
     def instruction(self) -> str:
-        """The rules, the symbols, the actions and the answer format, for a system prompt."""
+        """The rules, the symbols, the actions and the answer format, for a system prompt.
+
+        With `env_instruction` (ROLL's key) that text replaces the rules, rewards and answer
+        format: the instruction is it, the symbols line and the actions line."""
+        symbols = f"Grid symbols: {describe_vocab(self.vocab, self.meanings)}."
+        names = ", ".join(self.action_names)
+        if self.env_instruction is not None:
+            return f"{self.env_instruction}\n{symbols}\nActions: {names}."
+        example = self.action_names[self.example_action]
+        return (
+            f"{self._rules()}\n{symbols}\n"
+            f"Actions: {names}. {self._rewards()} At most {self.max_steps} steps.\n"
+            f"Answer with one action in the tag, for example <answer>{example}</answer>."
+        )
+
+    def _rules(self) -> str:
+        """The game's rules in a few sentences."""
+        raise NotImplementedError
+
+    def _rewards(self) -> str:
+        """The rewards in one sentence."""
         raise NotImplementedError
 
     def parse_action(self, reply: str) -> int | None:
