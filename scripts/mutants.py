@@ -226,6 +226,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_llm_policy.py::test_a_4xx_fails_the_episode_without_retries",),
     ),
     Mutant(
+        "tag-max-steps", "producers/envs/__init__.py",
+        "    if spec.max_steps is not None:\n",
+        "    if False:\n",
+        "a tag's max_steps (ROLL's custom_envs key) is the env's step budget",
+        ("tests/test_roll_config.py::test_frozenlake_plays_at_most_the_tags_max_steps",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'
