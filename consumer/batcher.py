@@ -253,9 +253,12 @@ class Batcher:
         self.stats.waiting[mode] = True
         try:
             batch = self._get_batch_retrying(state, n, wanted, started, timeout_s)
+        except BatchTimeout:
+            self._record_done(state, "timed_out", time.monotonic() - started)
+            raise
         finally:
             self.stats.waiting[mode] = False
-        self._record_handed(state, batch)
+        self._record_done(state, "handed", batch.metrics["time/get_batch_cost"])
         return batch
 
     def _get_batch_retrying(self, state: ModeState, n: int, wanted: int, started: float,
@@ -359,11 +362,11 @@ class Batcher:
                                 len(state.groups) - ready, ttl_s=self.block_ms / 1000 + 10)
         self._write_record(record.encode())
 
-    def _record_handed(self, state: ModeState, batch: Batch) -> None:
-        """A batch was handed out (best effort: the batch is the trainer's either way)."""
+    def _record_done(self, state: ModeState, outcome: str, waited_s: float) -> None:
+        """get_batch is over: `handed` out a batch or `timed_out` (best effort: this record
+        must not change what get_batch returns or raises)."""
         ready = self._ready_count(state)
-        record = batcher_record(self, state.mode, "handed",
-                                batch.metrics["time/get_batch_cost"], 0, ready,
+        record = batcher_record(self, state.mode, outcome, waited_s, 0, ready,
                                 len(state.groups) - ready, ttl_s=STATS_KEEP_S)
         try:
             self._write_record(record.encode())

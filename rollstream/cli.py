@@ -133,7 +133,8 @@ def _redis_args(parser: argparse.ArgumentParser, *, config: bool = True) -> None
 
 
 def _metrics_args(parser: argparse.ArgumentParser, text: str) -> None:
-    parser.add_argument("--metrics-port", type=_port, default=None, metavar="P", help=text)
+    parser.add_argument("--metrics-port", type=_port, default=None, metavar="P",
+                        help=f"{text} (default: ${METRICS_PORT_ENV}, else no metrics)")
     parser.add_argument("--metrics-addr", default="0.0.0.0",
                         help="address the /metrics pages listen on (default 0.0.0.0)")
 
@@ -166,6 +167,21 @@ _nonneg_int = _number(int, "non-negative")
 _positive_float = _number(float, "positive")
 
 
+METRICS_PORT_ENV = "ROLLSTREAM_METRICS_PORT"  # the default of --metrics-port (compose sets it)
+
+
+def _env_port() -> int | None:
+    import os
+
+    text = os.environ.get(METRICS_PORT_ENV)
+    if not text:
+        return None
+    try:
+        return _port(text)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"{METRICS_PORT_ENV}: {exc}") from None
+
+
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -196,6 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if getattr(args, "metrics_port", None) is None and hasattr(args, "metrics_port"):
+        args.metrics_port = _env_port()
     if args.command == "config":
         return _config_check(args)
     if args.command in ("up", "train"):

@@ -104,6 +104,7 @@ def metrics_line(addr: str, trainer_port: int | None, ports: Sequence[int]) -> s
 def child_env(url: str, run: str, pythonpath: Sequence[str] = ()) -> dict[str, str]:
     """This environment plus the run's URL and name, and `pythonpath` first on PYTHONPATH."""
     env = {**os.environ, "ROLLSTREAM_REDIS_URL": url, "ROLLSTREAM_RUN": run}
+    env.pop("ROLLSTREAM_METRICS_PORT", None)  # each child is given its own port, or none
     paths = [*pythonpath, *filter(None, [env.get("PYTHONPATH")])]
     if paths:
         env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -196,7 +197,11 @@ class Progress:
         self._drawn = True
 
     def close(self) -> None:
-        self._clear()
+        """End the live line where it stands (the last step stays on screen)."""
+        if self._drawn:
+            self.out.write("\n")
+            self.out.flush()
+            self._drawn = False
 
     def _clear(self) -> None:
         if self._drawn:
@@ -296,9 +301,11 @@ def train_session(client: redis.Redis, opts: UpOptions, header: str, out: TextIO
     try:
         progress.note(header)
         steps = trainer_loop(batcher, opts, progress)
+        progress.close()
         progress.note(f"done: {steps} steps")
         return EXIT_OK
     except KeyboardInterrupt:
+        progress.close()
         progress.note("interrupted; stopping")
         return EXIT_INTERRUPTED
     finally:

@@ -15,7 +15,7 @@ records, which count since their previous record, so one snapshot shows them.
                       "shards_without_live_producer": [int], "entries", "backlog", "pending",
                       "tags": {TAG: {"envs", "envs_running", "episodes_per_s", "success",
                                      "mean_actions", "committed"}}}},
-     "batchers": [{"consumer", "state": waiting|handed|gone, "mode", "waiting_s",
+     "batchers": [{"consumer", "state": waiting|handed|timed_out|gone, "mode", "waiting_s",
                    "wanted", "complete", "partial", "version", "batches", "delivered"}],
      "dropped": {"stale", "late", "failed_groups", "val_discarded", "dead_letters"},
      "redis": {"used_mb", "peak_mb", "maxmemory_mb", "limit_mb"},
@@ -389,6 +389,8 @@ def _batcher_state(b: dict[str, Any]) -> str:
                 f"{b['wanted']} complete groups, {b['partial']} partial)")
     if b["state"] == "handed":
         return f"handed out a {b['mode']} batch (waited {b['waiting_s']:.2f}s)"
+    if b["state"] == "timed_out":
+        return f"timed out waiting {b['waiting_s']:.1f}s for a {b['mode']} batch"
     return "gone (no update within its ttl)"
 
 

@@ -100,7 +100,7 @@ class BatcherRecord:
 
     consumer: str
     mode: str = "train"
-    state: str = "waiting"  # waiting | handed
+    state: str = "waiting"  # waiting | handed | timed_out
     updated_at: float = 0.0  # the batcher's wall clock
     ttl_s: float = 30.0  # past updated_at + ttl_s the record is stale (the batcher is gone)
     waited_s: float = 0.0  # waiting: seconds so far at updated_at; handed: the last wait
@@ -241,8 +241,12 @@ class MetricsServer:
         self._server = server
         self._thread = thread
         self.port: int = server.server_port
+        self._closed = False
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5.0)
