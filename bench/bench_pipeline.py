@@ -189,10 +189,8 @@ def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
                             metrics_addr="127.0.0.1")
     scraper = Scraper([f"http://127.0.0.1:{p}/metrics" for p in ports], scrape_s)
     try:
-        with scraper if metrics else nullcontext():
-            return _measure(client, batcher, config, run, procs, seconds, warmup_batches,
-                            producers) | {"scrapes": scraper.scrapes,
-                                          "scrape_failures": scraper.failures}
+        return _measure(client, batcher, config, run, procs, seconds, warmup_batches,
+                        producers, scraper if metrics else None)
     finally:
         if trainer_page is not None:
             trainer_page.close()
@@ -204,9 +202,10 @@ def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
 
 
 def _measure(client: redis.Redis, batcher: Batcher, config: RolloutConfig, run: str,
-             procs: list, seconds: float, warmup_batches: int,
-             producers: int) -> dict[str, float]:
-    """Once the producers share the shards: trajectories/s, waits, latency, memory, CPU."""
+             procs: list, seconds: float, warmup_batches: int, producers: int,
+             scraper: Scraper | None) -> dict[str, float]:
+    """Once the producers share the shards: trajectories/s, waits, latency, memory, CPU;
+    the scraper (if any) runs through the measured time."""
     wait_balanced(client, config, run, producers)
     for _ in range(warmup_batches):
         batch = batcher.get_batch("train", timeout_s=120)
@@ -218,17 +217,18 @@ def _measure(client: redis.Redis, batcher: Batcher, config: RolloutConfig, run: 
     peak_rss = 0.0
     cpu0 = ([cpu_s(p.pid) for p in procs], time.process_time(), redis_cpu_s(client))
     started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        batch = batcher.get_batch("train", timeout_s=120)
-        now = time.time()
-        waits.append(batch.metrics["time/get_batch_cost"])
-        latencies += [now - t["finished_at"] for t in batch.trajectories]
-        trajs += len(batch)
-        steps += int(batch.num_actions.sum())
-        batches += 1
-        batcher.ack(batch)
-        batcher.publish_version()
-        peak_rss = max(peak_rss, sum(rss_mb(p.pid) for p in procs))
+    with scraper or nullcontext():
+        while time.perf_counter() - started < seconds:
+            batch = batcher.get_batch("train", timeout_s=120)
+            now = time.time()
+            waits.append(batch.metrics["time/get_batch_cost"])
+            latencies += [now - t["finished_at"] for t in batch.trajectories]
+            trajs += len(batch)
+            steps += int(batch.num_actions.sum())
+            batches += 1
+            batcher.ack(batch)
+            batcher.publish_version()
+            peak_rss = max(peak_rss, sum(rss_mb(p.pid) for p in procs))
     elapsed = time.perf_counter() - started
     per_k = 1000 / max(1, trajs)
     producer_cpu = sum(cpu_s(p.pid) for p in procs) - sum(cpu0[0])
@@ -245,6 +245,8 @@ def _measure(client: redis.Redis, batcher: Batcher, config: RolloutConfig, run: 
         "cpu_producers": producer_cpu * per_k,
         "cpu_trainer": (time.process_time() - cpu0[1]) * per_k,
         "cpu_redis": (redis_cpu_s(client) - cpu0[2]) * per_k,
+        "scrapes": scraper.scrapes if scraper else 0,
+        "scrape_failures": scraper.failures if scraper else 0,
     }
 
 
@@ -263,7 +265,9 @@ def metrics_round(config: RolloutConfig, args: argparse.Namespace, url: str,
               + (f"  ({r['scrapes']:.0f} scrapes, {r['scrape_failures']:.0f} failed)"
                  if on else ""), flush=True)
     ratio = results[True]["traj_s"] / results[False]["traj_s"]
-    print(f"  metrics on / off: {ratio:.3f}x trajectories/s", flush=True)
+    cpu = {on: results[on]["cpu_producers"] + results[on]["cpu_trainer"] for on in order}
+    print(f"  metrics on / off: {ratio:.3f}x trajectories/s, {cpu[True] / cpu[False]:.3f}x "
+          "CPU per trajectory (producers + trainer)", flush=True)
     return ratio
 
 

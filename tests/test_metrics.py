@@ -116,6 +116,61 @@ def test_metrics_pages_of_a_live_run_show_the_counters_moving(r, run, redis_url)
     assert f"producer metrics at http://127.0.0.1:{port}/metrics" in out
 
 
+def free_port_range(count: int) -> int:
+    """A port P with P .. P + count - 1 all free on loopback now."""
+    for _ in range(50):
+        base = free_port()
+        socks = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise AssertionError("no free port range")
+
+
+@pytest.mark.slow
+def test_up_gives_the_trainer_and_each_producer_a_metrics_page(tmp_path, redis_url, run):
+    port = free_port_range(3)
+    config = tmp_path / "config.yaml"
+    config.write_text(small_config(async_generation_ratio=1).to_json())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollstream", "up", "--config", str(config), "--redis-url",
+         redis_url, "--run", run, "--producers", "2", "--train-step-s", "0.05",
+         "--metrics-port", str(port), "--metrics-addr", "127.0.0.1"],
+        cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines = []
+    try:
+        while not any(line.startswith("step 1 ") for line in lines):
+            line = proc.stdout.readline()
+            assert line, f"up ended early: {lines}"
+            lines.append(line)
+        assert (f"metrics: trainer http://127.0.0.1:{port}/metrics, producers "
+                f":{port + 1}-{port + 2}\n") in lines
+        trainer = scrape(f"http://127.0.0.1:{port}/metrics")
+        assert value(trainer, "rollstream_trajectories_delivered_total", mode="train",
+                     tag="FrozenLake") >= 32
+        pages = [f"http://127.0.0.1:{p}/metrics" for p in (port + 1, port + 2)]
+
+        def shards_held() -> list[float]:
+            return [total(try_scrape(url) or {}, "rollstream_shards_held") for url in pages]
+
+        # every shard (2 train, 1 val) held, split between the two (a handover may be under way)
+        wait_for(lambda: sum(shards_held()) == 3 and all(shards_held()),
+                 what="both producers' pages showing the shards they hold")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+
+
 def test_env_errors_replays_and_failed_groups_are_counted(r, run, producer_thread):
     config = small_config(
         rollout_batch_size=12, env_max_retries=1, async_generation_ratio=1,
