@@ -92,6 +92,7 @@ def test_a_waiting_get_batch_is_shown_with_why(r, run):
     keys = Keys(run)
     batcher = Batcher(r, config, run=run)
     r.sadd(keys.pause, "operator")
+    r.set(keys.lease("train", 0), "ghost", px=10_000)  # a lease whose holder sends no heartbeat
     limits = Limits(wait_warn_s=0.3)
     done = threading.Event()
 
@@ -109,6 +110,8 @@ def test_a_waiting_get_batch_is_shown_with_why(r, run):
     assert "0/4 complete groups" in warning and "paused: operator" in warning
     assert "no live producer" in warning
     assert snap["batchers"][0]["state"] == "waiting"
+    train = snap["modes"]["train"]
+    assert train["shards_leased"] == 1 and train["shards_without_live_producer"] == [0, 1]
     assert "waiting" in render_text(snap)
     waiter.join(10)
     assert done.is_set()
