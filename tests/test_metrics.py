@@ -171,6 +171,24 @@ def test_up_gives_the_trainer_and_each_producer_a_metrics_page(tmp_path, redis_u
     assert proc.returncode == 130, err
 
 
+@pytest.mark.slow
+def test_up_trainer_hands_its_script_the_metrics_port_and_the_producers_the_next(tmp_path):
+    port = free_port_range(2)
+    config = tmp_path / "config.yaml"
+    config.write_text(small_config(val_env_manager=None).to_json())
+    out = subprocess.run(
+        [sys.executable, "-m", "rollstream", "up", "--config", str(config), "--producers", "1",
+         "--metrics-port", str(port), "--metrics-addr", "127.0.0.1", "--trainer",
+         str(ROOT / "tests" / "data" / "metrics_trainer.py")],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"metrics: producers :{port + 1} (the trainer's: ROLLSTREAM_METRICS_PORT={port})" \
+        in out.stdout
+    assert 'rollstream_trajectories_delivered_total{mode="train",tag="FrozenLake"} 16.0' \
+        in out.stdout
+    assert 'rollstream_shards_held{mode="train"} 2.0' in out.stdout
+
+
 def test_env_errors_replays_and_failed_groups_are_counted(r, run, producer_thread):
     config = small_config(
         rollout_batch_size=12, env_max_retries=1, async_generation_ratio=1,
