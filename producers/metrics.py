@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.connection import mask_url
 from schemas.stats import (
     LLM_BUCKETS_S,
     Family,
@@ -45,6 +46,7 @@ class LlmCounters:
     def __init__(self) -> None:
         self.latency: dict[str, Histogram] = {}
         self.errors: dict[tuple[str, str], int] = defaultdict(int)
+        self._names: dict[str, str] = {}  # server URL -> its label (a password masked)
 
     def request(self, server: str, latency_s: float) -> None:
         hist = self.latency.get(server)
@@ -55,15 +57,22 @@ class LlmCounters:
     def error(self, server: str, reason: str) -> None:
         self.errors[(server, reason)] += 1
 
+    def label(self, server: str) -> str:
+        name = self._names.get(server)
+        if name is None:
+            name = self._names[server] = mask_url(server)
+        return name
+
     def families(self) -> Iterator[Family]:
         if self.latency:
             yield histogram("rollstream_llm_request_seconds",
                             "Latency of model requests a server answered", ["server"],
-                            [((s,), h) for s, h in list(self.latency.items())])
+                            [((self.label(s),), h) for s, h in list(self.latency.items())])
         if self.errors:
             yield counter("rollstream_llm_request_errors",
                           "Failed model request attempts by server and reason",
-                          ["server", "reason"], list(self.errors.items()))
+                          ["server", "reason"], [((self.label(s), reason), n) for (s, reason), n
+                                                 in list(self.errors.items())])
 
 
 LLM = LlmCounters()

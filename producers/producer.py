@@ -596,8 +596,8 @@ class Producer:
         try:
             released = await self.leases.release(held)
             await self.leases.leave()
-            await self.leases.forget()
             await self._announce_leases()  # the others take the shards over now
+            await self.leases.forget()  # left cleanly: not shown as gone
             logger.info("producer %s stopped: %d committed, %d leases released",
                         self.producer_id, self.committed, released)
         except RedisError as exc:

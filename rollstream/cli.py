@@ -165,6 +165,7 @@ def _number(kind: type, check: str):  # type: ignore[no-untyped-def]
 _positive_int = _number(int, "positive")
 _nonneg_int = _number(int, "non-negative")
 _positive_float = _number(float, "positive")
+_nonneg_float = _number(float, "non-negative")
 
 
 METRICS_PORT_ENV = "ROLLSTREAM_METRICS_PORT"  # the default of --metrics-port (compose sets it)
@@ -190,7 +191,6 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} must be a port in 0..65535")
     return port
-_nonneg_float = _number(float, "non-negative")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

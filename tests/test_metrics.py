@@ -272,6 +272,10 @@ def test_llm_requests_recorded_by_a_policy_show_on_the_producer_page():
     errors = "rollstream_llm_request_errors_total"
     assert value(after, errors, reason="timeout", **server) - value(
         before, errors, reason="timeout", **server) == 1
+    producer_metrics.llm_request("http://user:s3cret@llm-b:8000/v1", 0.1)  # a password in it
+    with stats.serve(0, "127.0.0.1") as page:
+        shown = urllib.request.urlopen(f"http://127.0.0.1:{page.port}/metrics").read().decode()
+    assert "s3cret" not in shown and 'server="http://user:***@llm-b:8000/v1"' in shown
 
 
 def test_a_batcher_in_get_batch_shows_waiting(r, run):
