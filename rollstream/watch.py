@@ -36,6 +36,7 @@ import redis
 from schemas.config import RolloutConfig
 from schemas.errors import DecodeError
 from schemas.keys import CONSUMER_GROUP, Keys
+from schemas.liveness import server_ms
 from schemas.stats import BatcherRecord, ProducerRecord
 
 MB = 2**20
@@ -86,7 +87,6 @@ def snapshot(client: redis.Redis, keys: Keys, config: RolloutConfig,
 def _read(client: redis.Redis, keys: Keys, config: RolloutConfig) -> dict[str, Any]:
     """Everything a snapshot needs, in two pipelines and an INFO."""
     pipe = client.pipeline(transaction=False)
-    pipe.time()
     pipe.get(keys.version)
     pipe.get(keys.val_round)
     pipe.smembers(keys.pause)
@@ -96,11 +96,10 @@ def _read(client: redis.Redis, keys: Keys, config: RolloutConfig) -> dict[str, A
     pipe.zrange(keys.producer_seen, 0, -1, withscores=True)
     pipe.hgetall(keys.batchers)
     pipe.xlen(keys.dead)
-    names = ["time", "version", "val_round", "pause", "stop", "beats", "stats", "seen",
+    names = ["version", "val_round", "pause", "stop", "beats", "stats", "seen",
              "batchers", "dead"]
     raw = dict(zip(names, pipe.execute(), strict=True))
-    seconds, micros = raw.pop("time")
-    raw["now_ms"] = int(seconds) * 1000 + int(micros) // 1000
+    raw["now_ms"] = server_ms(client)
     raw["seen"] = [(_text(m), s) for m, s in raw["seen"]]
     pipe = client.pipeline(transaction=False)
     for mode in config.modes():
@@ -262,6 +261,9 @@ def _dropped(raw: dict[Any, bytes], dead: int) -> dict[str, float]:
 
 
 def _redis_memory(info: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    if "used_memory" not in info:  # a cluster client answers per node: count the fullest
+        nodes = [v for v in info.values() if isinstance(v, dict) and "used_memory" in v]
+        info = max(nodes, key=lambda n: float(n["used_memory"]), default={})
     maxmemory = float(info.get("maxmemory") or 0)
     limit = limits.redis_limit_mb
     if limit is None:
