@@ -1,6 +1,7 @@
 """Throughput of the whole pipeline against a plain loop over the same env.
 
     python bench/bench_pipeline.py [--seconds 20] [--producers 2] [--ratio 1] [--redis-url URL]
+                                   [--metrics off|on|both]
 
 The pipeline: the seed's train block (128 groups x 8 FrozenLake envs, 16 per shard), random
 policy, producer processes -> Redis Streams -> a Batcher handing 1024-trajectory batches in
@@ -8,6 +9,10 @@ complete groups to a trainer that acks and publishes a new version at once. Coun
 the trainer receives. The plain loop: one process, the same env and the same seeds, random
 actions, no queue (first the bare gymnasium loop, then the producers' own episode code).
 Prints trajectories/s, env steps/s, batch wait and trajectory latency percentiles, memory.
+
+`--metrics on`: every producer and the trainer serve /metrics and a scraper reads all pages
+every `--scrape-s` (as Prometheus would, on the same machine); `both` runs the pipeline with
+metrics off and on in each round (alternating which goes first) and prints on / off.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import argparse
 import asyncio
 import os
 import random
+import socket
+import threading
 import time
+import urllib.request
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -130,24 +138,86 @@ def wait_balanced(client: redis.Redis, config: RolloutConfig, run: str, producer
     raise SystemExit(f"producers did not share the shards within {timeout_s:.0f}s")
 
 
-def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
-             warmup_batches: int) -> dict[str, float]:
-    client = redis.Redis.from_url(url, socket_timeout=30)
-    run = f"bench-{os.getpid()}"
-    batcher = Batcher(client, config, run=run)
-    procs = start_producers(url, run, producers, "WARNING")
+def free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
     try:
-        wait_balanced(client, config, run, producers)
-        for _ in range(warmup_batches):
-            batch = batcher.get_batch("train", timeout_s=120)
-            batcher.ack(batch)
-            batcher.publish_version()
-        trajs = steps = batches = 0
-        waits: list[float] = []
-        latencies: list[float] = []
-        peak_rss = 0.0
-        cpu0 = ([cpu_s(p.pid) for p in procs], time.process_time(), redis_cpu_s(client))
-        started = time.perf_counter()
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+class Scraper:
+    """Reads every /metrics page every `interval_s` on a thread, as Prometheus would."""
+
+    def __init__(self, urls: list[str], interval_s: float):
+        self.urls, self.interval_s = urls, interval_s
+        self.scrapes = self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for url in self.urls:
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as reply:
+                        reply.read()
+                    self.scrapes += 1
+                except OSError:
+                    self.failures += 1
+
+
+def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
+             warmup_batches: int, metrics: bool = False,
+             scrape_s: float = 1.0) -> dict[str, float]:
+    client = redis.Redis.from_url(url, socket_timeout=30)
+    run = f"bench-{os.getpid()}-{'m' if metrics else 'n'}-{int(time.time() * 1000) % 10**6}"
+    batcher = Batcher(client, config, run=run)
+    ports = free_ports(producers + 1) if metrics else []
+    trainer_page = batcher.serve_metrics(ports[0], "127.0.0.1") if metrics else None
+    procs = start_producers(url, run, producers, "WARNING", metrics_ports=ports[1:],
+                            metrics_addr="127.0.0.1")
+    scraper = Scraper([f"http://127.0.0.1:{p}/metrics" for p in ports], scrape_s)
+    try:
+        return _measure(client, batcher, config, run, procs, seconds, warmup_batches,
+                        producers, scraper if metrics else None)
+    finally:
+        if trainer_page is not None:
+            trainer_page.close()
+        batcher.stop_run()
+        stop_processes(procs)
+        for key in client.scan_iter(match="{" + run + "}:*", count=1000):
+            client.delete(key)
+        client.close()
+
+
+def _measure(client: redis.Redis, batcher: Batcher, config: RolloutConfig, run: str,
+             procs: list, seconds: float, warmup_batches: int, producers: int,
+             scraper: Scraper | None) -> dict[str, float]:
+    """Once the producers share the shards: trajectories/s, waits, latency, memory, CPU;
+    the scraper (if any) runs through the measured time."""
+    wait_balanced(client, config, run, producers)
+    for _ in range(warmup_batches):
+        batch = batcher.get_batch("train", timeout_s=120)
+        batcher.ack(batch)
+        batcher.publish_version()
+    trajs = steps = batches = 0
+    waits: list[float] = []
+    latencies: list[float] = []
+    peak_rss = 0.0
+    cpu0 = ([cpu_s(p.pid) for p in procs], time.process_time(), redis_cpu_s(client))
+    started = time.perf_counter()
+    with scraper or nullcontext():
         while time.perf_counter() - started < seconds:
             batch = batcher.get_batch("train", timeout_s=120)
             now = time.time()
@@ -159,29 +229,46 @@ def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
             batcher.ack(batch)
             batcher.publish_version()
             peak_rss = max(peak_rss, sum(rss_mb(p.pid) for p in procs))
-        elapsed = time.perf_counter() - started
-        per_k = 1000 / max(1, trajs)
-        producer_cpu = sum(cpu_s(p.pid) for p in procs) - sum(cpu0[0])
-        memory = client.info("memory")
-        return {
-            "traj_s": trajs / elapsed, "steps_s": steps / elapsed, "batches": batches,
-            "wait_p50": float(np.percentile(waits, 50)), "wait_p99": float(np.percentile(waits,
-                                                                                        99)),
-            "lat_p50": float(np.percentile(latencies, 50)),
-            "lat_p99": float(np.percentile(latencies, 99)),
-            "stale": batcher.totals.get("scheduler/stale_dropped", 0.0),
-            "redis_mb": memory["used_memory_peak"] / 2**20,
-            "producers_rss_mb": peak_rss, "trainer_rss_mb": rss_mb(os.getpid()),
-            "cpu_producers": producer_cpu * per_k,
-            "cpu_trainer": (time.process_time() - cpu0[1]) * per_k,
-            "cpu_redis": (redis_cpu_s(client) - cpu0[2]) * per_k,
-        }
-    finally:
-        batcher.stop_run()
-        stop_processes(procs)
-        for key in client.scan_iter(match="{" + run + "}:*", count=1000):
-            client.delete(key)
-        client.close()
+    elapsed = time.perf_counter() - started
+    per_k = 1000 / max(1, trajs)
+    producer_cpu = sum(cpu_s(p.pid) for p in procs) - sum(cpu0[0])
+    memory = client.info("memory")
+    return {
+        "traj_s": trajs / elapsed, "steps_s": steps / elapsed, "batches": batches,
+        "wait_p50": float(np.percentile(waits, 50)),
+        "wait_p99": float(np.percentile(waits, 99)),
+        "lat_p50": float(np.percentile(latencies, 50)),
+        "lat_p99": float(np.percentile(latencies, 99)),
+        "stale": batcher.totals.get("scheduler/stale_dropped", 0.0),
+        "redis_mb": memory["used_memory_peak"] / 2**20,
+        "producers_rss_mb": peak_rss, "trainer_rss_mb": rss_mb(os.getpid()),
+        "cpu_producers": producer_cpu * per_k,
+        "cpu_trainer": (time.process_time() - cpu0[1]) * per_k,
+        "cpu_redis": (redis_cpu_s(client) - cpu0[2]) * per_k,
+        "scrapes": scraper.scrapes if scraper else 0,
+        "scrape_failures": scraper.failures if scraper else 0,
+    }
+
+
+def metrics_round(config: RolloutConfig, args: argparse.Namespace, url: str,
+                  index: int) -> float:
+    """`--metrics both`: the pipeline with metrics off and on, the order alternating by round;
+    prints both and returns on / off trajectories/s."""
+    order = [False, True] if index % 2 == 0 else [True, False]
+    results = {on: pipeline(config, url, args.producers, args.seconds, args.warmup_batches,
+                            metrics=on, scrape_s=args.scrape_s) for on in order}
+    for on in order:
+        r = results[on]
+        print(f"metrics {'on ' if on else 'off'}: {r['traj_s']:8.0f} traj/s  batch wait p50 "
+              f"{r['wait_p50'] * 1000:.0f} ms  CPU s/1000 traj: producers "
+              f"{r['cpu_producers']:.3f}, trainer {r['cpu_trainer']:.3f}"
+              + (f"  ({r['scrapes']:.0f} scrapes, {r['scrape_failures']:.0f} failed)"
+                 if on else ""), flush=True)
+    ratio = results[True]["traj_s"] / results[False]["traj_s"]
+    cpu = {on: results[on]["cpu_producers"] + results[on]["cpu_trainer"] for on in order}
+    print(f"  metrics on / off: {ratio:.3f}x trajectories/s, {cpu[True] / cpu[False]:.3f}x "
+          "CPU per trajectory (producers + trainer)", flush=True)
+    return ratio
 
 
 def one_round(config: RolloutConfig, args: argparse.Namespace, url: str) -> float:
@@ -189,7 +276,8 @@ def one_round(config: RolloutConfig, args: argparse.Namespace, url: str) -> floa
     figures and returns pipeline / mean plain trajectories/s."""
     before = plain_env_loop(config, args.seconds / 4)
     roll_traj, roll_steps = plain_rollout_loop(config, args.seconds / 4)
-    result = pipeline(config, url, args.producers, args.seconds, args.warmup_batches)
+    result = pipeline(config, url, args.producers, args.seconds, args.warmup_batches,
+                      metrics=args.metrics == "on", scrape_s=args.scrape_s)
     after = plain_env_loop(config, args.seconds / 4)
     env_traj = (before[0] + after[0]) / 2
     env_steps = (before[1] + after[1]) / 2
@@ -224,14 +312,22 @@ def main() -> None:
                         help="simulated model latency per action")
     parser.add_argument("--warmup-batches", type=int, default=2)
     parser.add_argument("--redis-url", default=None, help="default: an embedded server")
+    parser.add_argument("--metrics", choices=["off", "on", "both"], default="off",
+                        help="serve and scrape /metrics (both: off and on, compared)")
+    parser.add_argument("--scrape-s", type=float, default=1.0,
+                        help="with metrics: seconds between scrapes of every page")
     args = parser.parse_args()
     config = bench_config(args.ratio, args.latency_s)
     with EmbeddedRedis() if args.redis_url is None else nullcontext() as server:
         url = args.redis_url or server.url
-        ratios = [one_round(config, args, url) for _ in range(args.repeat)]
+        if args.metrics == "both":
+            ratios = [metrics_round(config, args, url, i) for i in range(args.repeat)]
+        else:
+            ratios = [one_round(config, args, url) for _ in range(args.repeat)]
+    what = "metrics on / off" if args.metrics == "both" else "pipeline / plain env loop"
     if args.repeat > 1:
-        print(f"median pipeline / plain env loop over {args.repeat} rounds: "
-              f"{float(np.median(ratios)):.2f}x (all: {', '.join(f'{x:.2f}' for x in ratios)})")
+        print(f"median {what} over {args.repeat} rounds: "
+              f"{float(np.median(ratios)):.3f}x (all: {', '.join(f'{x:.3f}' for x in ratios)})")
 
 
 if __name__ == "__main__":

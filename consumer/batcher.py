@@ -22,6 +22,7 @@ from typing import Any
 import redis as redis_lib
 
 from consumer.batch import Batch, Entry, batch_metrics
+from consumer.metrics import BatcherStats, batcher_families, batcher_record
 from schemas.backoff import Backoff
 from schemas.codec import ENTRY_FIELD, decode_trajectory, pack, unpack
 from schemas.config import RolloutConfig
@@ -29,12 +30,14 @@ from schemas.errors import BatchTimeout, ConfigError, DecodeError, RunConflict, 
 from schemas.keys import CONSUMER_GROUP, Keys
 from schemas.liveness import live_producers
 from schemas.protocol import Schedule
+from schemas.stats import STATS_KEEP_S, MetricsServer, serve_metrics
 
 logger = logging.getLogger(__name__)
 
 GroupKey = tuple[int, int, int]  # (val round, episode k, group id)
 WEIGHTS_KEPT = 3  # published weight versions kept in Redis
 MAX_WEIGHTS_BYTES = 64 * 2**20  # a Redis value is no place for a real checkpoint
+STATE_EVERY_S = 1.0  # a waiting get_batch refreshes its state record this often
 
 # Version v is published only over v - 1; publishing v again is a no-op (a retry whose reply
 # was lost), anything else is a conflict. Weights land in the same atomic step.
@@ -141,6 +144,8 @@ class Batcher:
         self.read_count = read_count
         self.version = 0
         self.totals: dict[str, float] = defaultdict(float)
+        self.stats = BatcherStats()  # counters for /metrics and the state record
+        self._state_at = 0.0  # monotonic time the state record was last written
         self._states = {mode: self._new_state(mode) for mode in config.modes()}
         self._last_claim = 0.0
         self._owns_config = publish_config
@@ -226,6 +231,12 @@ class Batcher:
                 raise reply
 
     # -- the trainer API ---------------------------------------------------------------------
+    def serve_metrics(self, port: int, addr: str = "0.0.0.0") -> MetricsServer:
+        """Serve this Batcher's Prometheus metrics at `http://addr:port/metrics` (port 0: any
+        free port, `.port` says which); `close()` the result to stop."""
+        return serve_metrics(lambda: batcher_families(self), port, addr,
+                             what="batcher metrics")
+
     def get_batch(self, mode: str = "train", n: int | None = None,
                   timeout_s: float = 60.0) -> Batch:
         """Block until `n` trajectories in complete groups are ready (default: the mode's
@@ -237,9 +248,25 @@ class Batcher:
                               f"{mode}_env_manager.group_size {state.group_size}")
         wanted = n // state.group_size
         started = time.monotonic()
+        state.round_started = False
+        self._state_at = 0.0  # write the waiting record at once
+        self.stats.waiting[mode] = True
+        try:
+            batch = self._get_batch_retrying(state, n, wanted, started, timeout_s)
+        except BatchTimeout:
+            self._record_done(state, "timed_out", time.monotonic() - started)
+            raise
+        finally:
+            self.stats.waiting[mode] = False
+        self._record_done(state, "handed", batch.metrics["time/get_batch_cost"])
+        return batch
+
+    def _get_batch_retrying(self, state: ModeState, n: int, wanted: int, started: float,
+                            timeout_s: float) -> Batch:
+        """`_get_batch`, again after a lost connection or lost consumer groups."""
+        mode = state.mode
         deadline = started + timeout_s
         backoff = Backoff(name=f"batcher {self.consumer}")
-        state.round_started = False
         while True:
             try:
                 return self._get_batch(state, n, wanted, started, deadline, timeout_s)
@@ -272,6 +299,7 @@ class Batcher:
                 # one read that does not block, so oldest-first holds across what is unread
                 self._read(state, block_ms=None)
             while self._ready_count(state) < wanted:
+                self._record_waiting(state, wanted, started)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise BatchTimeout(self._timeout_message(state, n, wanted, timeout_s))
@@ -321,6 +349,35 @@ class Batcher:
         that publishes the config again clears it)."""
         self.redis.set(self.keys.stop, 1)
         self.redis.publish(self.keys.control, b"stop")
+
+    # -- the state record (rollstream status) ------------------------------------------------
+    def _record_waiting(self, state: ModeState, wanted: int, started: float) -> None:
+        """While get_batch waits: what for and how long, at most every `STATE_EVERY_S`."""
+        now = time.monotonic()
+        if now - self._state_at < STATE_EVERY_S:
+            return
+        self._state_at = now
+        ready = self._ready_count(state)
+        record = batcher_record(self, state.mode, "waiting", now - started, wanted, ready,
+                                len(state.groups) - ready, ttl_s=self.block_ms / 1000 + 10)
+        self._write_record(record.encode())
+
+    def _record_done(self, state: ModeState, outcome: str, waited_s: float) -> None:
+        """get_batch is over: `handed` out a batch or `timed_out` (best effort: this record
+        must not change what get_batch returns or raises)."""
+        ready = self._ready_count(state)
+        record = batcher_record(self, state.mode, outcome, waited_s, 0, ready,
+                                len(state.groups) - ready, ttl_s=STATS_KEEP_S)
+        try:
+            self._write_record(record.encode())
+        except redis_lib.RedisError as exc:
+            logger.debug("could not write the batcher's state record: %s", exc)
+
+    def _write_record(self, data: bytes) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(self.keys.batchers, self.consumer, data)
+        pipe.pexpire(self.keys.batchers, int(STATS_KEEP_S * 1000))
+        pipe.execute()
 
     # -- steps of get_batch -------------------------------------------------------------------
     def _state(self, mode: str) -> ModeState:
@@ -421,6 +478,7 @@ class Batcher:
             drop.extend(self._place(state, entry, msg, entry in inflight))
         if dead:
             self._dead_letter(dead)
+            self.stats.count(state.mode, "scheduler/dead_lettered", len(dead))
         if drop:
             self._drop_entries(drop)
 
@@ -541,6 +599,7 @@ class Batcher:
         counters = dict(state.counters)
         state.counters.clear()
         metrics = batch_metrics(trajs, self.version, counters, wait_s)
+        self.stats.on_batch(state.mode, trajs, wait_s)
         for name in ("scheduler/stale_dropped", "scheduler/failed_groups"):
             metrics.setdefault(name, 0.0)
         batch = Batch(state.mode, self.version, trajs, entries, metrics, round=state.round)
@@ -565,6 +624,7 @@ class Batcher:
     def _count(self, state: ModeState, name: str, amount: float = 1) -> None:
         state.counters[name] += amount  # reported with the next batch
         self.totals[name] += amount  # since this Batcher started
+        self.stats.count(state.mode, name, amount)
 
     def _drop_entries(self, entries: list[Entry]) -> None:
         """Ack and delete `entries` in one round trip."""

@@ -55,6 +55,25 @@ LEAVE_LUA = """
 return redis.call('ZREM', KEYS[1], ARGV[1])
 """
 
+# The producer's stats record (`schemas/stats.py`), stamped with the server's clock; records
+# of producers silent for `keep` ms are dropped, so a dead producer shows as gone that long.
+REPORT_LUA = """
+-- KEYS: stats hash, seen zset; ARGV: producer id, record, keep ms
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local keep = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - keep)
+for i = 1, #old do
+  redis.call('HDEL', KEYS[1], old[i])
+  redis.call('ZREM', KEYS[2], old[i])
+end
+redis.call('PEXPIRE', KEYS[1], keep)
+redis.call('PEXPIRE', KEYS[2], keep)
+return now
+"""
+
 
 @dataclass
 class Heartbeat:
@@ -73,6 +92,7 @@ class Leases:
         self._heartbeat = redis.register_script(HEARTBEAT_LUA)
         self._release = redis.register_script(RELEASE_LUA)
         self._leave = redis.register_script(LEAVE_LUA)
+        self._report = redis.register_script(REPORT_LUA)
 
     def key(self, shard: ShardId) -> str:
         return self._keys.lease(*shard)
@@ -96,6 +116,18 @@ class Leases:
 
     async def leave(self) -> None:
         await self._leave(keys=[self._keys.producers], args=[self.producer_id])
+
+    async def report(self, record: bytes, keep_s: float) -> None:
+        """Write this producer's stats record (see `schemas/stats.py`)."""
+        await self._report(keys=[self._keys.producer_stats, self._keys.producer_seen],
+                           args=[self.producer_id, record, max(1, int(keep_s * 1000))])
+
+    async def forget(self) -> None:
+        """Drop this producer's stats record (it leaves cleanly: not shown as gone)."""
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hdel(self._keys.producer_stats, self.producer_id)
+        pipe.zrem(self._keys.producer_seen, self.producer_id)
+        await pipe.execute()
 
 
 def fair_share(total_shards: int, live: int, max_shards: int | None) -> int:

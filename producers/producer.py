@@ -24,6 +24,7 @@ from producers.commit import Committer, Outcome
 from producers.control import LEASES_MESSAGE, ControlState, ControlWatcher
 from producers.envs import build_env
 from producers.leases import Leases, ShardId, claim_order, fair_share
+from producers.metrics import Held, ProducerStats
 from producers.policies import Policy, make_policy
 from producers.rollout import Abandoned, EnvSlot, failed_trajectory, play_episode
 from producers.weights import WeightsFollower, takes_weights
@@ -34,10 +35,13 @@ from schemas.connection import async_client, auth_message, is_auth_error, mask_u
 from schemas.errors import ConfigError, EpisodeFailed, PolicyError, RedisSetupError
 from schemas.keys import Keys
 from schemas.protocol import Schedule
+from schemas.stats import RECORD_MIN_INTERVAL_S, STATS_KEEP_S, MetricsServer
 
 logger = logging.getLogger(__name__)
 
 SHORT_RECHECK_S = 0.5  # below the fair share (shards in motion): look again this soon
+REFUSALS = {Outcome.DUPLICATE: "duplicate", Outcome.LEASE_LOST: "lease_lost",
+            Outcome.PAUSED: "paused", Outcome.STALE_ROUND: "stale_round"}
 
 
 def new_producer_id() -> str:
@@ -89,6 +93,10 @@ class Producer:
         self._short_streak = 0  # heartbeats in a row that ended below the fair share
         self._handovers: set[asyncio.Task[None]] = set()
         self._releasing: set[ShardId] = set()  # shards being handed over, lease not yet freed
+        self.stats = ProducerStats(self.producer_id)  # counters for status and /metrics
+        self.stats.held = self._held
+        self._metrics: MetricsServer | None = None
+        self._reported_at = -RECORD_MIN_INTERVAL_S  # monotonic time of the last stats record
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -97,8 +105,26 @@ class Producer:
         committer = getattr(self, "committer", None)
         return committer.committed if committer is not None else 0
 
+    def serve_metrics(self, port: int, addr: str = "0.0.0.0") -> MetricsServer:
+        """Serve this producer's Prometheus metrics at `http://addr:port/metrics` until
+        `close()` (port 0: any free port, `.port` says which)."""
+        self._metrics = self.stats.serve(port, addr)
+        return self._metrics
+
+    def close(self) -> None:
+        """Stop the metrics page, if any (`run()` does it when it ends)."""
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
     def run(self) -> int:
         """Run until stopped; returns the exit status (0 on a clean stop)."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> int:
         try:
             asyncio.run(self._main())
         except asyncio.CancelledError:
@@ -283,6 +309,7 @@ class Producer:
             self.watcher.leases_changed.clear()
             try:
                 short = await self._rebalance()
+                await self._report()
                 backoff.reset()
             except RedisError as exc:
                 await backoff.sleep(f"heartbeat failed: {exc}")
@@ -301,6 +328,26 @@ class Producer:
         await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         for waiter in waits:
             waiter.cancel()
+
+    async def _report(self) -> None:
+        """The stats record beside the heartbeat (at most every `RECORD_MIN_INTERVAL_S`)."""
+        now = time.monotonic()
+        if now - self._reported_at < RECORD_MIN_INTERVAL_S:
+            return
+        self._reported_at = now
+        await self.leases.report(self.stats.record().encode(), STATS_KEEP_S)
+
+    def _held(self) -> Held:
+        """What this producer holds now (read by the stats record and /metrics)."""
+        held = Held()
+        for (mode, _), run in list(self.shards.items()):
+            held.shards[mode] = held.shards.get(mode, 0) + 1
+            for slot in run.slots:
+                held.envs[(mode, slot.tag)] = held.envs.get((mode, slot.tag), 0) + 1
+        state = getattr(self, "state", None)
+        if state is not None:
+            held.version, held.paused = state.version, bool(state.paused)
+        return held
 
     async def _announce_leases(self) -> None:
         """Tell the other producers to rebalance now (a join, a handover, a departure)."""
@@ -384,6 +431,7 @@ class Producer:
                 threaded=self.config.env_spec(tag).threaded,
                 k=int(cursor or 0), round=int(val_round or 0) if mode == "val" else 0,
             ))
+        self.stats.resumed[mode] += sum(1 for c in cursors if int(c or 0) > 0)
         run = ShardRun(shard, slots)
         self.shards[shard] = run
         loop_fn = self._train_loop if mode == "train" else self._val_loop
@@ -458,6 +506,14 @@ class Producer:
 
     async def _episode(self, run: ShardRun, slot: EnvSlot) -> bool:
         """Play and commit episode `slot.k`. False when the env task must end."""
+        in_flight = self.stats.in_flight
+        in_flight[slot.mode] += 1
+        try:
+            return await self._play_and_commit(run, slot)
+        finally:
+            in_flight[slot.mode] -= 1
+
+    async def _play_and_commit(self, run: ShardRun, slot: EnvSlot) -> bool:
         k = slot.k
         traj = await self._play_with_retries(run, slot)
         if traj is None:
@@ -469,6 +525,10 @@ class Producer:
                 mode=slot.mode, shard=slot.shard, round=slot.round, env_id=slot.env_id,
                 episode_id=k, stream=stream, data=data,
             )
+            if outcome is Outcome.COMMITTED:
+                self.stats.committed(slot.mode, slot.tag, traj)
+            else:
+                self.stats.refused_commit(slot.mode, REFUSALS[outcome])
             if outcome in (Outcome.COMMITTED, Outcome.DUPLICATE):
                 slot.k = k + 1
                 return True
@@ -485,7 +545,9 @@ class Producer:
         """Episode `k` was abandoned. Staying: move past it (True). Leaving: keep the cursor,
         so the next owner replays it with the same seed (False ends the env task)."""
         if self._leaving(run):
+            self.stats.abandoned_episode(slot.mode, slot.tag, "leaving")
             return False
+        self.stats.abandoned_episode(slot.mode, slot.tag, "expired")
         slot.k = k + 1
         return True
 
@@ -511,6 +573,7 @@ class Producer:
                 break
             except Exception as exc:  # an env bug must not kill the producer
                 error = f"{type(exc).__name__}: {exc}"
+                self.stats.env_error(slot.mode, slot.tag, retried=attempt + 1 < attempts)
                 logger.warning("env %s (%s) episode %d raised on attempt %d/%d: %s",
                                slot.env_id, slot.tag, slot.k, attempt + 1, attempts, error)
         return failed_trajectory(slot, seed=self.config.seed, producer_id=self.producer_id,
@@ -539,6 +602,7 @@ class Producer:
             released = await self.leases.release(held)
             await self.leases.leave()
             await self._announce_leases()  # the others take the shards over now
+            await self.leases.forget()  # left cleanly: not shown as gone
             logger.info("producer %s stopped: %d committed, %d leases released",
                         self.producer_id, self.committed, released)
         except RedisError as exc:

@@ -7,7 +7,7 @@
     rollstream train --config FILE --redis-url URL [...]   only the trainer loop
     rollstream produce --redis-url URL --run NAME [--max-shards K]
     rollstream pause | resume                  the operator's pause of a run's train rollouts
-    rollstream status                          version, pause, producers, stream backlog
+    rollstream status [--json] [--watch]       version, pause, producers, streams, warnings
     rollstream stop                            end a run: its producers exit
     rollstream reset [--yes]                   delete every key of a run
 
@@ -28,7 +28,7 @@ import redis
 from schemas.config import RolloutConfig, resolve_redis_url, resolve_run
 from schemas.connection import auth_message, check_url, is_auth_error, mask_url, sync_client
 from schemas.errors import ConfigError, RedisSetupError, RollstreamError
-from schemas.keys import CONSUMER_GROUP, Keys
+from schemas.keys import Keys
 from schemas.liveness import live_producers
 
 logger = logging.getLogger("rollstream")
@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                              help="give up when a batch takes longer than this")
         parser_.add_argument("--val-every", type=_nonneg_int, default=0,
                              help="run a val round every N train steps (0: never)")
+        parser_.add_argument("--plot", default=None, metavar="PNG",
+                             help="at the end, write throughput, batch wait and success "
+                                  "curves to this PNG (needs the plot extra)")
+        _metrics_args(parser_, "the trainer's /metrics port" + (
+            "; the producers up starts get P+1 .. P+N" if parser_ is up else ""))
     up.add_argument("--producers", type=_positive_int, default=None,
                     help="producer processes (default: enough for the shards, at most cores)")
     up.add_argument("--trainer", default=None, metavar='"SCRIPT [ARGS]"',
@@ -90,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("--check", action="store_true",
                          help="exit 0 if a producer of this host has a fresh heartbeat, else 1 "
                               "(a healthcheck)")
+    _metrics_args(produce, "serve Prometheus metrics on this port (0: any free port)")
 
     from rollstream.fake_llm import add_arguments as fake_llm_arguments
     fake_llm_arguments(sub.add_parser("fake-llm", help="a stand-in OpenAI-compatible LLM "
@@ -97,10 +103,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, text in (("pause", "pause train rollouts (reason: operator)"),
                        ("resume", "lift the operator's pause"),
-                       ("status", "print the run's state"),
                        ("stop", "end the run: its producers exit (a trainer that starts "
                                 "again resumes it)")):
         _redis_args(sub.add_parser(name, help=text))
+    status = sub.add_parser("status", help="print the run's state (--watch: a live view)")
+    _redis_args(status)
+    status.add_argument("--json", action="store_true",
+                        help="one JSON document (with --watch: one per refresh, a line each)")
+    status.add_argument("--watch", action="store_true",
+                        help="refresh every --interval-s until Ctrl+C (a terminal: redrawn "
+                             "in place)")
+    status.add_argument("--interval-s", type=_positive_float, default=2.0,
+                        help="seconds between refreshes (default 2)")
+    status.add_argument("--count", type=_positive_int, default=None,
+                        help="with --watch: stop after N refreshes")
+    status.add_argument("--wait-warn-s", type=_positive_float, default=30.0,
+                        help="warn when get_batch has waited longer than this (default 30)")
+    status.add_argument("--redis-limit-mb", type=_positive_float, default=None,
+                        help="warn when Redis uses more memory than this (default: 80%% of "
+                             "its maxmemory, else 1024)")
     reset = sub.add_parser("reset", help="delete every key of a run (stops its producers "
                                           "first)")
     _redis_args(reset)
@@ -117,6 +138,13 @@ def _redis_args(parser: argparse.ArgumentParser, *, config: bool = True) -> None
         parser.add_argument("--config", default=None,
                             help="a rollout config whose `run` and `redis_url` to use "
                                  "(after --run/--redis-url and the environment)")
+
+
+def _metrics_args(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--metrics-port", type=_port, default=None, metavar="P",
+                        help=f"{text} (default: ${METRICS_PORT_ENV}, else no metrics)")
+    parser.add_argument("--metrics-addr", default="0.0.0.0",
+                        help="address the /metrics pages listen on (default 0.0.0.0)")
 
 
 def _version() -> str:
@@ -148,6 +176,31 @@ _positive_float = _number(float, "positive")
 _nonneg_float = _number(float, "non-negative")
 
 
+METRICS_PORT_ENV = "ROLLSTREAM_METRICS_PORT"  # the default of --metrics-port (compose sets it)
+
+
+def _env_port() -> int | None:
+    import os
+
+    text = os.environ.get(METRICS_PORT_ENV)
+    if not text:
+        return None
+    try:
+        return _port(text)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"{METRICS_PORT_ENV}: {exc}") from None
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a port in 0..65535")
+    return port
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 with a usage message on a bad command line
@@ -167,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if getattr(args, "metrics_port", None) is None and hasattr(args, "metrics_port"):
+        args.metrics_port = _env_port()
     if args.command == "config":
         if args.config_command == "show":
             text = RolloutConfig.from_yaml(args.file).to_yaml()
@@ -245,12 +300,31 @@ def _up(args: argparse.Namespace) -> int:
     url = resolve_redis_url(args.redis_url, config)
     if url or args.command == "train":
         _client(url).close()  # checks the URL and the server before anything starts
+    if args.plot:
+        _check_plot(args.plot)
+    if args.metrics_port == 0:
+        raise UsageError(f"{args.command} --metrics-port needs a fixed port (0 picks one at "
+                         "random; Prometheus could not find it)")
     opts = UpOptions(config=config, redis_url=url, run=resolve_run(args.run, config),
                      producers=getattr(args, "producers", None), steps=args.steps,
                      seconds=args.seconds, train_step_s=args.train_step_s,
                      timeout_s=args.timeout_s, val_every=args.val_every,
-                     log_level=args.log_level)
+                     log_level=args.log_level, metrics_port=args.metrics_port,
+                     metrics_addr=args.metrics_addr, plot=args.plot)
     return up(opts) if args.command == "up" else train(opts)
+
+
+def _check_plot(path: str) -> None:
+    """Before a run that plots at its end: matplotlib is there and the folder is writable."""
+    import os
+
+    from rollstream.plots import require_matplotlib
+
+    require_matplotlib()
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise UsageError(f"--plot {path}: the folder {folder} does not exist or is not "
+                         "writable")
 
 
 def _up_trainer(args: argparse.Namespace) -> int:
@@ -265,7 +339,8 @@ def _up_trainer(args: argparse.Namespace) -> int:
         raise UsageError(f"--trainer: no script file {script[0] if script else ''!r}")
     stand_in = [flag for flag, value, default in (
         ("--steps", args.steps, None), ("--seconds", args.seconds, None),
-        ("--train-step-s", args.train_step_s, 0.0), ("--val-every", args.val_every, 0))
+        ("--train-step-s", args.train_step_s, 0.0), ("--val-every", args.val_every, 0),
+        ("--plot", args.plot, None))
         if value != default]
     if stand_in:
         raise UsageError(f"{', '.join(stand_in)}: flags of the stand-in trainer, not of "
@@ -275,8 +350,12 @@ def _up_trainer(args: argparse.Namespace) -> int:
     if url:
         _client(url).close()  # checks the URL's form before anything starts
     producers = args.producers or (default_producers(config) if config else os.cpu_count() or 1)
+    if args.metrics_port == 0:
+        raise UsageError("up --metrics-port needs a fixed port (the producers take the next "
+                         "ones)")
     return up_trainer(script, url, resolve_run(args.run, config), producers, args.log_level,
-                      config_path=args.config)
+                      config_path=args.config, metrics_port=args.metrics_port,
+                      metrics_addr=args.metrics_addr)
 
 
 def _produce(args: argparse.Namespace) -> int:
@@ -289,6 +368,8 @@ def _produce(args: argparse.Namespace) -> int:
     assert url is not None
     producer = Producer(url, run, max_shards=args.max_shards,
                         seconds=args.seconds)
+    if args.metrics_port is not None:
+        producer.serve_metrics(args.metrics_port, args.metrics_addr)
     return producer.run()
 
 
@@ -335,7 +416,7 @@ def _admin(args: argparse.Namespace) -> int:
         print(f"run {keys.run}: stopped; {live} live producer(s) exit now "
               "(a trainer that starts the run again resumes it)")
         return 0
-    return _status(client, keys, config)
+    return _status(client, keys, config, args)
 
 
 def _published_config(client: redis.Redis, keys: Keys) -> RolloutConfig:
@@ -379,26 +460,22 @@ def _reset(client: redis.Redis, keys: Keys, yes: bool) -> int:
     return 0
 
 
-def _status(client: redis.Redis, keys: Keys, config: RolloutConfig) -> int:
-    live = len(live_producers(client, keys, config.lease_ttl_s))
-    stopped = ", stopped" if client.exists(keys.stop) else ""
-    print(f"run {keys.run}: version {int(client.get(keys.version) or 0)}, "
-          f"val round {int(client.get(keys.val_round) or 0)}, pause reasons "
-          f"{sorted(_text(r) for r in client.smembers(keys.pause)) or 'none'}, "
-          f"live producers {live}{stopped}")
-    for mode in config.modes():
-        manager = config.manager(mode)
-        pipe = client.pipeline(transaction=False)
-        for g in range(manager.num_env_groups):
-            pipe.xlen(keys.stream(mode, g))
-        backlog = sum(pipe.execute())
-        pipe = client.pipeline(transaction=False)
-        for s in range(manager.num_shards):
-            pipe.exists(keys.lease(mode, s))
-        held = sum(pipe.execute())
-        print(f"  {mode}: {backlog} entries in streams, {held}/{manager.num_shards} shards "
-              f"leased, consumer group {CONSUMER_GROUP!r}")
-    return 0
+def _status(client: redis.Redis, keys: Keys, config: RolloutConfig,
+            args: argparse.Namespace) -> int:
+    """The run's state: text, or JSON (`--json`); refreshed with `--watch`."""
+    from rollstream.watch import Limits, render_text, snapshot, watch
+
+    limits = Limits(wait_warn_s=args.wait_warn_s, redis_limit_mb=args.redis_limit_mb)
+
+    def take() -> dict:
+        return snapshot(client, keys, config, limits)
+
+    if not args.watch:
+        snap = take()
+        print(json.dumps(snap) if args.json else render_text(snap))
+        return 0
+    return watch(take, sys.stdout, as_json=args.json, live=sys.stdout.isatty(),
+                 interval_s=args.interval_s, count=args.count)
 
 
 def _text(value: object) -> str:

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TextIO
 
 import redis
@@ -24,6 +26,7 @@ from consumer import Batch, Batcher
 from rollstream.embedded import EmbeddedRedis, spawn
 from schemas.config import RolloutConfig
 from schemas.connection import mask_url, sync_client
+from schemas.errors import ConfigError, RollstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,9 @@ class UpOptions:
     timeout_s: float = 120.0
     val_every: int = 0
     log_level: str = "WARNING"
+    metrics_port: int | None = None  # the trainer's /metrics; producers get the next ports
+    metrics_addr: str = "0.0.0.0"
+    plot: str | None = None  # write throughput, batch wait and success curves here at the end
 
 
 def default_producers(config: RolloutConfig) -> int:
@@ -49,20 +55,56 @@ def default_producers(config: RolloutConfig) -> int:
 
 
 def start_producers(url: str, run: str, count: int, log_level: str,
-                    pythonpath: Sequence[str] = ()) -> list[subprocess.Popen]:
+                    pythonpath: Sequence[str] = (), metrics_ports: Sequence[int] = (),
+                    metrics_addr: str = "0.0.0.0") -> list[subprocess.Popen]:
     """Producer processes in their own session (a terminal's Ctrl+C reaches only us).
 
     The Redis URL and run name travel in their environment, never on argv (`ps` shows argv;
     a URL can hold a password); `pythonpath` folders come first on their PYTHONPATH (a
-    policy's module)."""
+    policy's module). Producer i serves /metrics on `metrics_ports[i]` when given."""
     cmd = [sys.executable, "-m", "rollstream", "--log-level", log_level, "produce"]
     env = child_env(url, run, pythonpath)
-    return [spawn(cmd, env=env) for _ in range(count)]
+    ports: list[int | None] = [*metrics_ports] or [None] * count
+    return [spawn(cmd if port is None else
+                  [*cmd, "--metrics-port", str(port), "--metrics-addr", metrics_addr], env=env)
+            for port in ports[:count]]
+
+
+def producer_ports(metrics_port: int | None, count: int) -> list[int]:
+    """The producers' /metrics ports under `up --metrics-port P`: P+1 .. P+count."""
+    return [] if metrics_port is None else [metrics_port + 1 + i for i in range(count)]
+
+
+def check_ports(addr: str, ports: Sequence[int]) -> None:
+    """`ConfigError` naming the first port of `ports` that cannot be bound on `addr` (before
+    anything starts, rather than a producer failing later)."""
+    for i, port in enumerate(ports):
+        if not 0 < port <= 65535:
+            raise ConfigError(f"--metrics-port: port {port} is out of range (the trainer "
+                              "takes P, the producers P+1 .. P+N)")
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((addr, port))
+            except OSError as exc:
+                who = "the trainer" if i == 0 else f"producer {i}"
+                raise ConfigError(f"--metrics-port: port {port} on {addr} (for {who}) is not "
+                                  f"free: {exc.strerror or exc}") from None
+
+
+def metrics_line(addr: str, trainer_port: int | None, ports: Sequence[int]) -> str:
+    where = "localhost" if addr in ("0.0.0.0", "::", "") else addr
+    parts = [f"trainer http://{where}:{trainer_port}/metrics"] if trainer_port else []
+    if ports:
+        parts.append(f"producers :{ports[0]}" + (f"-{ports[-1]}" if len(ports) > 1 else ""))
+    return "metrics: " + ", ".join(parts)
 
 
 def child_env(url: str, run: str, pythonpath: Sequence[str] = ()) -> dict[str, str]:
     """This environment plus the run's URL and name, and `pythonpath` first on PYTHONPATH."""
     env = {**os.environ, "ROLLSTREAM_REDIS_URL": url, "ROLLSTREAM_RUN": run}
+    env.pop("ROLLSTREAM_METRICS_PORT", None)  # each child is given its own port, or none
     paths = [*pythonpath, *filter(None, [env.get("PYTHONPATH")])]
     if paths:
         env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -95,7 +137,107 @@ def format_step(label: str, batch: Batch) -> str:
             f"staleness_max {int(m.get('scheduler/staleness/max', 0))}")
 
 
-def trainer_loop(batcher: Batcher, opts: UpOptions, out: TextIO) -> int:
+@dataclass
+class StepPoint:
+    """One batch as the progress line and the plot see it."""
+
+    step: int
+    wait_s: float
+    traj_per_s: float  # this batch over the time since the previous one
+    success: dict[str, float]  # tag -> success rate
+
+
+@dataclass
+class Progress:
+    """The trainer loop's output. Not a terminal (a pipe, a log, the tests): one plain line
+    per step. A terminal: one live line redrawn in place (steps, batch wait, traj/s,
+    success), with the header, val results and the end as lines of their own."""
+
+    out: TextIO
+    live: bool = False
+    train: list[StepPoint] = field(default_factory=list)
+    val: list[StepPoint] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    delivered: int = 0
+    _last: float = field(default_factory=time.monotonic)
+    _drawn: bool = False
+
+    @classmethod
+    def to(cls, out: TextIO) -> Progress:
+        isatty = getattr(out, "isatty", None)
+        return cls(out, live=bool(isatty and isatty()))
+
+    def note(self, line: str) -> None:
+        """A line that stays (the header, a val result, the end)."""
+        self._clear()
+        print(line, file=self.out, flush=True)
+
+    def batch(self, label: str, step: int, batch: Batch) -> None:
+        now = time.monotonic()
+        point = StepPoint(step, batch.metrics["time/get_batch_cost"],
+                          len(batch) / max(1e-9, now - self._last), _success(batch))
+        if batch.mode == "val":
+            self.val.append(point)
+            self.note(format_step(label, batch))
+            return
+        self._last = now
+        self.train.append(point)
+        self.delivered += len(batch)
+        if not self.live:
+            print(format_step(label, batch), file=self.out, flush=True)
+            return
+        rate = self.delivered / max(1e-9, now - self.started)
+        tags = " ".join(f"{tag}={value:.2f}" for tag, value in point.success.items())
+        line = (f"step {step + 1} v{batch.version}  wait {point.wait_s:.2f}s  "
+                f"{rate:,.0f} traj/s  success {tags}  stale_dropped "
+                f"{int(batch.metrics.get('scheduler/stale_dropped', 0))}")
+        width = shutil.get_terminal_size((100, 24)).columns
+        self.out.write("\r\x1b[2K" + line[: max(10, width - 1)])
+        self.out.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        """End the live line where it stands (the last step stays on screen)."""
+        if self._drawn:
+            self.out.write("\n")
+            self.out.flush()
+            self._drawn = False
+
+    def _clear(self) -> None:
+        if self._drawn:
+            self.out.write("\r\x1b[2K")
+            self.out.flush()
+            self._drawn = False
+
+
+def _success(batch: Batch) -> dict[str, float]:
+    return {name.split("/")[1]: value for name, value in sorted(batch.metrics.items())
+            if name.startswith("env/") and name.endswith("/success")}
+
+
+def write_plot(path: str, progress: Progress, title: str) -> None:
+    """Throughput, batch wait and success per step, three panels, to a PNG."""
+    from rollstream.plots import Panel, plot_panels
+
+    steps = [p.step for p in progress.train]
+    success: dict[str, tuple[list[float], list[float]]] = {}
+    for label, points in (("", progress.train), ("val ", progress.val)):
+        for p in points:
+            for tag, value in p.success.items():
+                xs, ys = success.setdefault(label + tag, ([], []))
+                xs.append(p.step)
+                ys.append(value)
+    plot_panels(path, [
+        Panel({"delivered": (steps, [p.traj_per_s for p in progress.train])},
+              "throughput", "trajectories/s"),
+        Panel({"train": (steps, [p.wait_s for p in progress.train]),
+               **({"val": ([p.step for p in progress.val], [p.wait_s for p in progress.val])}
+                  if progress.val else {})}, "batch wait", "seconds"),
+        Panel(dict(success.items()), "success", "rate", (-0.05, 1.05)),
+    ], title=title, xlabel="train step")
+
+
+def trainer_loop(batcher: Batcher, opts: UpOptions, progress: Progress) -> int:
     """Run train steps until `steps` or `seconds` is reached; returns the steps done."""
     started = time.monotonic()
     step = 0
@@ -107,11 +249,11 @@ def trainer_loop(batcher: Batcher, opts: UpOptions, out: TextIO) -> int:
             time.sleep(opts.train_step_s)  # stand-in for the policy update
         batcher.ack(batch)
         batcher.publish_version()
-        print(format_step(f"step {step}", batch), file=out, flush=True)
+        progress.batch(f"step {step}", step, batch)
         step += 1
         if opts.val_every and step % opts.val_every == 0:
             val = batcher.get_batch("val", timeout_s=opts.timeout_s)
-            print(format_step("  val", val), file=out, flush=True)
+            progress.batch("  val", step - 1, val)
     return step
 
 
@@ -153,14 +295,34 @@ def train_session(client: redis.Redis, opts: UpOptions, header: str, out: TextIO
     `rollstream stop` ends a run, so a trainer that crashes or times out can simply start
     again and find its producers waiting."""
     batcher = Batcher(client, opts.config, run=opts.run)
+    metrics = (None if opts.metrics_port is None
+               else batcher.serve_metrics(opts.metrics_port, opts.metrics_addr))
+    progress = Progress.to(out)
     try:
-        print(header, file=out, flush=True)
-        steps = trainer_loop(batcher, opts, out)
-        print(f"done: {steps} steps", file=out, flush=True)
+        progress.note(header)
+        steps = trainer_loop(batcher, opts, progress)
+        progress.close()
+        progress.note(f"done: {steps} steps")
         return EXIT_OK
     except KeyboardInterrupt:
-        print("interrupted; stopping", file=out, flush=True)
+        progress.close()
+        progress.note("interrupted; stopping")
         return EXIT_INTERRUPTED
+    finally:
+        progress.close()
+        if metrics is not None:
+            metrics.close()
+        if opts.plot and progress.train:
+            _plot(opts.plot, progress, f"run {opts.run}", out)
+
+
+def _plot(path: str, progress: Progress, title: str, out: TextIO) -> None:
+    try:
+        write_plot(path, progress, title)
+    except (OSError, RollstreamError) as exc:  # never hides how the run itself ended
+        print(f"error: could not write the plot {path}: {exc}", file=sys.stderr, flush=True)
+        return
+    print(f"plot: {path}", file=out, flush=True)
 
 
 def _mode(config: RolloutConfig) -> str:
@@ -180,12 +342,18 @@ def up(opts: UpOptions, out: TextIO = sys.stdout) -> int:
 
 
 def _up(opts: UpOptions, count: int, out: TextIO) -> int:
+    ports = producer_ports(opts.metrics_port, count)
+    if opts.metrics_port is not None:
+        check_ports(opts.metrics_addr, [opts.metrics_port, *ports])
     with redis_server(opts.redis_url) as url:
         client = sync_client(url, socket_timeout=30, socket_connect_timeout=5)
-        procs = start_producers(url, opts.run, count, opts.log_level)  # they await the config
+        procs = start_producers(url, opts.run, count, opts.log_level,  # they await the config
+                                metrics_ports=ports, metrics_addr=opts.metrics_addr)
         try:
             header = (f"rollstream up: run {opts.run!r} at {mask_url(url)}, {count} producer(s), "
                       f"{_mode(opts.config)}")
+            if opts.metrics_port is not None:
+                header += "\n" + metrics_line(opts.metrics_addr, opts.metrics_port, ports)
             status = train_session(client, opts, header, out)
         finally:
             codes = stop_processes(procs)
@@ -219,31 +387,46 @@ TRAINER_STOP_S = 30.0  # after Ctrl+C, the trainer script's time to clean up bef
 
 def up_trainer(script: Sequence[str], redis_url: str | None, run: str, producers: int,
                log_level: str, config_path: str | None = None,
-               out: TextIO = sys.stdout) -> int:
+               out: TextIO = sys.stdout, metrics_port: int | None = None,
+               metrics_addr: str = "0.0.0.0") -> int:
     """`rollstream up --trainer SCRIPT`: Redis (embedded unless a URL is given), producers, and
     the user's script in place of the stand-in trainer. The script gets ROLLSTREAM_REDIS_URL,
     ROLLSTREAM_RUN (and ROLLSTREAM_CONFIG with `--config`) in its environment, its folder is
-    on the producers' PYTHONPATH, and its exit status is returned (128 + N for signal N)."""
+    on the producers' PYTHONPATH, and its exit status is returned (128 + N for signal N).
+    With `metrics_port` P the producers serve /metrics on P+1 .. and the script finds P in
+    ROLLSTREAM_METRICS_PORT (for `batcher.serve_metrics`)."""
+    ports = producer_ports(metrics_port, producers)
+    if metrics_port is not None:
+        check_ports(metrics_addr, [metrics_port, *ports])
     try:
         with interrupt_signals():
-            return _up_trainer(script, redis_url, run, producers, log_level, config_path, out)
+            return _up_trainer(script, redis_url, run, producers, log_level, config_path, out,
+                               (metrics_port, metrics_addr, ports))
     except KeyboardInterrupt:  # a second Ctrl+C, or one before the script started
         print("interrupted", file=out, flush=True)
         return EXIT_INTERRUPTED
 
 
 def _up_trainer(script: Sequence[str], redis_url: str | None, run: str, producers: int,
-                log_level: str, config_path: str | None, out: TextIO) -> int:
+                log_level: str, config_path: str | None, out: TextIO,
+                metrics: tuple[int | None, str, list[int]]) -> int:
     folder = os.path.dirname(os.path.abspath(script[0]))
+    metrics_port, metrics_addr, ports = metrics
     with redis_server(redis_url) as url:
-        procs = start_producers(url, run, producers, log_level, pythonpath=[folder])
+        procs = start_producers(url, run, producers, log_level, pythonpath=[folder],
+                                metrics_ports=ports, metrics_addr=metrics_addr)
         trainer: subprocess.Popen | None = None
         try:
             env = child_env(url, run, [folder])
             if config_path:
                 env["ROLLSTREAM_CONFIG"] = os.path.abspath(config_path)
+            if metrics_port is not None:
+                env["ROLLSTREAM_METRICS_PORT"] = str(metrics_port)
             print(f"rollstream up: run {run!r}, {producers} producer(s), trainer "
                   f"{' '.join(script)}", file=out, flush=True)
+            if metrics_port is not None:
+                print(metrics_line(metrics_addr, None, ports) + f" (the trainer's: "
+                      f"ROLLSTREAM_METRICS_PORT={metrics_port})", file=out, flush=True)
             trainer = spawn([sys.executable, *script], env=env)
             return _wait_trainer(trainer)
         finally:

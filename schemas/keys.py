@@ -61,6 +61,18 @@ class Keys:
         return f"{self.prefix}:stop"
 
     @property
+    def producer_stats(self) -> str:  # hash: producer id -> its stats record (msgpack)
+        return f"{self.prefix}:producer_stats"
+
+    @property
+    def producer_seen(self) -> str:  # zset: producer id -> last stats record (ms, server clock)
+        return f"{self.prefix}:producer_seen"
+
+    @property
+    def batchers(self) -> str:  # hash: batcher consumer name -> its state record (msgpack)
+        return f"{self.prefix}:batchers"
+
+    @property
     def dead(self) -> str:  # stream: entries that failed to decode, with the reason
         return f"{self.prefix}:dead"
 
