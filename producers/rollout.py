@@ -2,6 +2,7 @@
 
 `EnvSlot` is one env of a shard; `play_episode` runs one episode on it. Gating (pause, expiry,
 val round) is a callback, so this module knows the episode and not the protocol around it.
+`InFlight` holds the awaited policy calls, so a control change can cut them short.
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from producers.control import ControlState
 from producers.policies import Policy, StepContext, Turn
 from schemas.codec import SCHEMA_VERSION, traj_ids
+from schemas.errors import TurnAborted
 from schemas.seeding import episode_seed
 
 logger = logging.getLogger(__name__)
 
 _SCALARS = frozenset((bool, int, float, str))
+ABORT_RETRY_S = 0.2  # a turn the server aborted (new weights loading) is sent again after this
+T = TypeVar("T")
 
 
 @dataclass
@@ -70,6 +74,50 @@ async def in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     return await future
 
 
+class InFlight:
+    """The awaited policy calls in flight, each with its test of whether it must stop now.
+
+    `interrupt()` (the producer calls it on every control change) cuts short the calls whose
+    test says so (a pause, the episode's expiry, a stop): the call is cancelled where it
+    awaits, so an HTTP request in flight is closed and the server stops generating it. Each
+    call runs in an `asyncio.timeout(None)` scope that `interrupt()` reschedules to now: no
+    task and no timer per call, and a policy that answers without an await (`act_now`) never
+    gets here.
+    """
+
+    def __init__(self) -> None:
+        self.scopes: dict[asyncio.Timeout, Callable[[], bool]] = {}
+        self.interrupted = 0  # calls cut short so far
+
+    async def run(self, call: Awaitable[T], must_stop: Callable[[], bool]) -> T | None:
+        """`await call`, or None when `interrupt()` cut it short."""
+        scope = asyncio.timeout(None)
+        try:
+            async with scope:
+                self.scopes[scope] = must_stop
+                try:
+                    return await call
+                finally:
+                    del self.scopes[scope]
+        except TimeoutError:
+            if scope.expired():
+                return None
+            raise  # the call's own timeout
+
+    def interrupt(self) -> int:
+        """Cut short every call in flight whose test says it must stop; returns how many."""
+        if not self.scopes:
+            return 0
+        now = asyncio.get_running_loop().time()
+        hit = 0
+        for scope, must_stop in list(self.scopes.items()):
+            if not scope.expired() and must_stop():
+                scope.reschedule(now)  # the task is cancelled on the loop's next turn
+                hit += 1
+        self.interrupted += hit
+        return hit
+
+
 class Abandoned(Exception):
     """The episode in flight was given up (expired, paused into a drain, stopped)."""
 
@@ -94,6 +142,8 @@ async def play_episode(
     control: ControlState,
     gate: Callable[[], Awaitable[bool]],
     acting_version: Callable[[], int] | None = None,
+    inflight: InFlight | None = None,
+    must_stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Play episode `slot.k` and return its trajectory message (not yet encoded).
 
@@ -102,6 +152,9 @@ async def play_episode(
     out a pause and returns False to abandon the episode. In between, a step costs one integer
     compare. Each step records `acting_version()` as read after the gate last passed (default
     the run's version; for a policy with weights, the version of the weights it holds).
+    With `inflight`, an awaited `act` runs there and `must_stop()` says when a control change
+    must cut it short; a turn cut short, or one the server aborted (`TurnAborted`), is sent
+    again once the gate passes (or the episode is abandoned).
     Env exceptions propagate; the caller retries with the same seed.
     """
     k = slot.k
@@ -134,7 +187,13 @@ async def play_episode(
         ctx.turn = len(steps)
         t0 = time.perf_counter()
         chosen = act_now(observation, ctx) if act_now is not None else None
-        action, response = chosen if chosen is not None else await policy.act(observation, ctx)
+        if chosen is None:
+            chosen = await _act(policy, observation, ctx, inflight, must_stop)
+            if chosen is None:  # cut short or aborted: the gate again, then the same turn
+                policy_s += time.perf_counter() - t0
+                seen = -1
+                continue
+        action, response = chosen
         policy_s += time.perf_counter() - t0
         turn_fields: dict[str, Any] | None = None
         if isinstance(response, Turn):
@@ -186,6 +245,20 @@ async def play_episode(
         "wall_time_s": wall_s,
         "finished_at": time.time(),
     }
+
+
+async def _act(policy: Policy, observation: Any, ctx: StepContext, inflight: InFlight | None,
+               must_stop: Callable[[], bool] | None) -> tuple[Any, Any] | None:
+    """The policy's `act`; None when it was cut short or the server aborted the turn."""
+    try:
+        if inflight is None or must_stop is None:
+            return await policy.act(observation, ctx)
+        return await inflight.run(policy.act(observation, ctx), must_stop)
+    except TurnAborted as exc:
+        logger.debug("turn %d of episode %d (group %d, member %d) aborted (%s); sending it "
+                     "again", ctx.turn, ctx.episode_id, ctx.group_id, ctx.member, exc)
+        await asyncio.sleep(ABORT_RETRY_S)
+        return None
 
 
 def _identity(slot: EnvSlot, k: int, env_seed: int, producer_id: str) -> dict[str, Any]:
