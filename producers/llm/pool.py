@@ -80,8 +80,8 @@ class Answer:
     server: Server
     latency_s: float  # of the attempt that answered
     attempts: int
-    version: int | None = None  # the version recorded for what answered: the adapter's it
-    # named, else the server's when it answered (None: nothing recorded)
+    version: int | None = None  # the version recorded for what answered: the adapter's the
+    # request named (or the base model's), else the server's when it answered (None: none)
 
 
 class _Transient(Exception):
@@ -270,7 +270,9 @@ class ServerPool:
         except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
             raise EpisodeFailed(f"model server {server.base_url} answered HTTP {status} "
                                 f"without a completion ({exc})") from None
-        return data, latency_s, version if model is not None else server.version
+        if model is None and server.model is None:  # full weights: what it holds now
+            version = server.version
+        return data, latency_s, version  # else the version of the model the request named
 
     def _naming(self, body: bytes, model: str) -> bytes:
         """`body` asking for `model`: the model is the body's first key, so a splice."""
