@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 _SCALARS = frozenset((bool, int, float, str))
 ABORT_RETRY_S = 0.2  # a turn the server aborted (new weights loading) is sent again after this
-T = TypeVar("T")
 
 
 @dataclass
@@ -78,41 +77,41 @@ class InFlight:
     """The awaited policy calls in flight, each with its test of whether it must stop now.
 
     `interrupt()` (the producer calls it on every control change) cuts short the calls whose
-    test says so (a pause, the episode's expiry, a stop): the call is cancelled where it
-    awaits, so an HTTP request in flight is closed and the server stops generating it. Each
-    call runs in an `asyncio.timeout(None)` scope that `interrupt()` reschedules to now: no
-    task and no timer per call, and a policy that answers without an await (`act_now`) never
-    gets here.
+    test says so (a pause, the episode's expiry, a stop): the env's task is cancelled where
+    the call awaits, so an HTTP request in flight is closed and the server stops generating
+    it; the caller takes that cancellation back (`take_back`: `uncancel`) and sends the turn
+    again after the gate. A cancellation from anyone else (a producer stopping) goes on as
+    usual. No task and no timer per call (a dict entry per awaited call), and a policy that
+    answers without an await (`act_now`) never gets here.
     """
 
     def __init__(self) -> None:
-        self.scopes: dict[asyncio.Timeout, Callable[[], bool]] = {}
+        self.calls: dict[asyncio.Task[Any], Callable[[], bool]] = {}
         self.interrupted = 0  # calls cut short so far
+        self._cut: set[asyncio.Task[Any]] = set()  # cancelled by `interrupt`, not yet back
 
-    async def run(self, call: Awaitable[T], must_stop: Callable[[], bool]) -> T | None:
-        """`await call`, or None when `interrupt()` cut it short."""
-        scope = asyncio.timeout(None)
-        try:
-            async with scope:
-                self.scopes[scope] = must_stop
-                try:
-                    return await call
-                finally:
-                    del self.scopes[scope]
-        except TimeoutError:
-            if scope.expired():
-                return None
-            raise  # the call's own timeout
+    def take_back(self, task: asyncio.Task[Any]) -> bool:
+        """After a `CancelledError` in a call of `task`: True when `interrupt()` sent it and
+        nobody else cancelled the task too (the call was cut short: carry on)."""
+        if task not in self._cut:
+            return False
+        self._cut.discard(task)
+        return task.uncancel() == 0
+
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        """The call of `task` is over (however it ended)."""
+        del self.calls[task]
+        if task in self._cut:  # cut short, but the call swallowed it and returned
+            self._cut.discard(task)
+            task.uncancel()
 
     def interrupt(self) -> int:
         """Cut short every call in flight whose test says it must stop; returns how many."""
-        if not self.scopes:
-            return 0
-        now = asyncio.get_running_loop().time()
         hit = 0
-        for scope, must_stop in list(self.scopes.items()):
-            if not scope.expired() and must_stop():
-                scope.reschedule(now)  # the task is cancelled on the loop's next turn
+        for task, must_stop in self.calls.items():
+            if task not in self._cut and must_stop():
+                self._cut.add(task)
+                task.cancel("interrupted: the turn is sent again after the gate")
                 hit += 1
         self.interrupted += hit
         return hit
@@ -249,11 +248,22 @@ async def play_episode(
 
 async def _act(policy: Policy, observation: Any, ctx: StepContext, inflight: InFlight | None,
                must_stop: Callable[[], bool] | None) -> tuple[Any, Any] | None:
-    """The policy's `act`; None when it was cut short or the server aborted the turn."""
+    """The policy's `act`; None when it was cut short (registered in `inflight`, see there)
+    or the server aborted the turn."""
     try:
         if inflight is None or must_stop is None:
             return await policy.act(observation, ctx)
-        return await inflight.run(policy.act(observation, ctx), must_stop)
+        task = asyncio.current_task()
+        assert task is not None
+        inflight.calls[task] = must_stop
+        try:
+            return await policy.act(observation, ctx)
+        except asyncio.CancelledError:
+            if inflight.take_back(task):
+                return None
+            raise
+        finally:
+            inflight.leave(task)
     except TurnAborted as exc:
         logger.debug("turn %d of episode %d (group %d, member %d) aborted (%s); sending it "
                      "again", ctx.turn, ctx.episode_id, ctx.group_id, ctx.member, exc)

@@ -11,12 +11,13 @@ policy's (turns waiting for a version), never for a timer alone.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
 import pytest
 import redis
-from helpers import stream_messages, wait_for
+from helpers import ONE_STEP_ENV_ID, stream_messages, wait_for
 from llm_helpers import MODEL, fake_llm_factory, llm_config
 
 from consumer import Batcher, ModelServers
@@ -37,7 +38,8 @@ def lake_config(server_urls: list[str], *, ratio: int = 0, batch: int = 16,
     lake = {"env_type": "frozen_lake", "env_config": {"size": 4, "p": 0.8, "is_slippery": False,
                                                    "max_steps": 6}}
     custom = {"Lake": lake, "Slow": {**lake, "agent_system_template": "SLOW: play well."}}
-    return llm_config(server_urls, policy=policy, async_generation_ratio=ratio,
+    return llm_config(server_urls, policy={"timeout_s": 60.0, **policy},
+                      async_generation_ratio=ratio,
                       rollout_batch_size=batch, val_env_manager=None,
                       custom_envs={tag: custom[tag] for tag in tags},
                       train_env_manager={"num_env_groups": 4, "group_size": 4, "tags": tags})
@@ -205,7 +207,7 @@ def test_sglang_updates_while_producers_run(fake_llm, producer_thread, r: redis.
 
     batch = batcher.get_batch(timeout_s=30)  # version 1; the update to 2 lands on held turns
     batches.append(batch)
-    server.hold()
+    server.hold('"role":"assistant"')  # turns after the first: a replayed episode would show
     wait_for(lambda: server.stats["held"] >= 1, what="a turn held in flight")
     servers.update(2, "/ckpt/2")
     server.release()
@@ -312,3 +314,61 @@ def test_require_version_holds_turns_until_a_server_catches_up(
             assert (step["version"], step["version_source"]) == (2, "server")
         assert seeds[seed]["weight_version"] in ("default", "2")
     assert all(s["version"] >= 1 for s, _ in steps_of([batch]))
+
+
+# -- the mechanism -----------------------------------------------------------------------------
+class WaitingPolicy:
+    """Its first call waits until cancelled; later calls answer at once."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.entered: asyncio.Event | None = None
+
+    async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, None]:
+        self.calls += 1
+        if self.calls == 1:
+            assert self.entered is not None
+            self.entered.set()
+            await asyncio.Event().wait()
+        return 0, None
+
+
+def test_in_flight_takes_back_only_its_own_cancellation() -> None:
+    """A call cut short by `interrupt()` is gated and sent again, and leaves its task
+    uncancelled; a task also cancelled by someone else (a stop) stays cancelled."""
+    from producers.control import ControlState
+    from producers.envs import make_env
+    from producers.rollout import EnvSlot, InFlight, play_episode
+
+    async def episode(also_cancel: bool) -> tuple[Any, WaitingPolicy, int]:
+        policy, inflight, gates = WaitingPolicy(), InFlight(), []
+        policy.entered = asyncio.Event()
+
+        async def gate() -> bool:
+            gates.append(1)
+            return True
+
+        async def play() -> tuple[dict[str, Any], int]:
+            slot = EnvSlot(mode="train", env_id=0, group_id=0, member=0, shard=0, tag="One",
+                           env=make_env(ONE_STEP_ENV_ID, {}))
+            traj = await play_episode(slot, seed=1, producer_id="p", policy=policy,
+                                      control=ControlState(), gate=gate, inflight=inflight,
+                                      must_stop=lambda: True)
+            return traj, asyncio.current_task().cancelling()
+
+        task = asyncio.create_task(play())
+        await policy.entered.wait()
+        assert inflight.interrupt() == 1
+        if also_cancel:
+            task.cancel()
+        try:
+            traj, cancelling = await task
+        except asyncio.CancelledError:
+            return None, policy, len(gates)
+        assert not inflight.calls and cancelling == 0
+        return traj, policy, len(gates)
+
+    traj, policy, gates = asyncio.run(episode(also_cancel=False))
+    assert traj["num_actions"] == 1 and policy.calls == 2 and gates == 2
+    traj, policy, gates = asyncio.run(episode(also_cancel=True))
+    assert traj is None and policy.calls == 1
