@@ -372,3 +372,27 @@ def test_in_flight_takes_back_only_its_own_cancellation() -> None:
     assert traj["num_actions"] == 1 and policy.calls == 2 and gates == 2
     traj, policy, gates = asyncio.run(episode(also_cancel=True))
     assert traj is None and policy.calls == 1
+
+
+def test_a_policy_start_gets_the_context_when_it_takes_one() -> None:
+    from producers.policies import PolicyContext, start_policy
+
+    class Plain:
+        started = False
+
+        async def start(self) -> None:
+            self.started = True
+
+    class WithContext:
+        context: PolicyContext | None = None
+
+        async def start(self, context: PolicyContext) -> None:
+            self.context = context
+
+    context = PolicyContext(redis=None, keys=Keys("x"), config=lake_config(["http://h/v1"]),
+                            producer_id="p")
+    plain, with_context = Plain(), WithContext()
+    asyncio.run(start_policy(plain, context))
+    asyncio.run(start_policy(with_context, context))
+    asyncio.run(start_policy(object(), context))  # no start at all
+    assert plain.started and with_context.context is context
