@@ -63,8 +63,9 @@ def step_seeds(traj: dict[str, Any]) -> list[int]:
 
 
 def answered(server: Any) -> dict[int, dict[str, Any]]:
-    """Request seed -> the server's completed answer to it (each turn is answered once)."""
-    done = [a for a in server.answers if a["finish_reason"] != "abort"]
+    """Request seed -> the server's completed answer to it (each turn is answered once).
+    (The server's deques are copied with `list()` first: one C call, safe while it runs.)"""
+    done = [a for a in list(server.answers) if a["finish_reason"] != "abort"]
     counts = Counter(a["seed"] for a in done)
     assert max(counts.values()) == 1, "a turn was generated twice"
     return {a["seed"]: a for a in done}
@@ -121,7 +122,7 @@ def test_an_operator_pause_closes_turns_that_are_sent_again_after_it(
     batcher = Batcher(r, config, run=run)
     producer_thread()
     wait_for(lambda: server.stats["held"] == 16, what="every env's first turn held")
-    firsts = {body["seed"]: body for body in server.requests}
+    firsts = {body["seed"]: body for body in list(server.requests)}
     assert len(firsts) == 16
 
     set_pause(r, batcher.keys, True)
@@ -150,7 +151,7 @@ def test_an_episode_expiring_mid_request_is_abandoned_and_its_request_closed(
     batcher = Batcher(r, config, run=run)
     producer_thread()
     wait_for(lambda: server.stats["held"] == 16, what="every env's first turn held")
-    episode_0 = {body["seed"] for body in server.requests}
+    episode_0 = {body["seed"] for body in list(server.requests)}
 
     batcher.publish_version()
     batcher.publish_version()  # version 2: episode 0 (step 0) is more than 1 version stale
@@ -211,7 +212,7 @@ def test_sglang_updates_while_producers_run(fake_llm, producer_thread, r: redis.
     wait_for(lambda: server.stats["held"] >= 1, what="a turn held in flight")
     servers.update(2, "/ckpt/2")
     server.release()
-    aborts = [a for a in server.answers if a["finish_reason"] == "abort"]
+    aborts = [a for a in list(server.answers) if a["finish_reason"] == "abort"]
     assert any(a["weight_version"] == "1" for a in aborts)  # cut off by the update to 2
     aborted = {a["seed"] for a in aborts}  # (the update to 1 may have aborted some too)
     # at version 1 no episode expires, so each aborted turn must come back
