@@ -25,8 +25,8 @@ from producers.control import LEASES_MESSAGE, ControlState, ControlWatcher
 from producers.envs import build_env
 from producers.leases import Leases, ShardId, claim_order, fair_share
 from producers.metrics import Held, ProducerStats
-from producers.policies import Policy, make_policy
-from producers.rollout import Abandoned, EnvSlot, failed_trajectory, play_episode
+from producers.policies import Policy, PolicyContext, make_policy, start_policy
+from producers.rollout import Abandoned, EnvSlot, InFlight, failed_trajectory, play_episode
 from producers.weights import WeightsFollower, takes_weights
 from schemas.backoff import Backoff
 from schemas.codec import encode_trajectory
@@ -223,9 +223,10 @@ class Producer:
         assert self._stop is not None
         self.config = config
         self.policy: Policy = self._policy_override or make_policy(config.policy)
-        start = getattr(self.policy, "start", None)
-        if start is not None:
-            await start()  # PolicyError: the producer exits 1 with that line
+        await start_policy(self.policy, PolicyContext(  # PolicyError: exit 1 with that line
+            redis=redis, keys=self.keys, config=config, producer_id=self.producer_id,
+            poll_interval_s=self.poll_interval_s))
+        self.inflight = InFlight()  # awaited policy calls a pause, expiry or stop cuts short
         self.schedules = {m: Schedule(config.episodes_per_step(m), config.ratio)
                           for m in config.modes()}
         self.state = ControlState()
@@ -244,6 +245,7 @@ class Producer:
         background = [
             asyncio.create_task(watcher.run(self._stop, Backoff(name="control"))),
             asyncio.create_task(self.committer.run(self._stop, Backoff(name="commit"))),
+            asyncio.create_task(self._interrupt_loop()),
         ]
         if self.weights is not None:
             background.append(asyncio.create_task(
@@ -485,24 +487,40 @@ class Producer:
         """Before each policy call: wait out a pause, and in sync mode wait for the run
         version's weights (a step stamped older would be dropped); False to abandon."""
         state = self.state
-        schedule = self.schedules[slot.mode]
         weights = self.weights
         while True:
-            unweighted = weights is not None and weights.must_wait(state.version)
-            if self._leaving(run) and (state.paused or unweighted or self._stopping):
-                return False  # the next owner replays the episode with the same seed
-            if slot.mode == "val":
-                if state.val_round != slot.round:
-                    return False
-                if not unweighted:
-                    return True
-            elif schedule.expired(k, state.version):
-                return False
-            elif not (state.paused or unweighted):
-                return True
-            if unweighted and weights is not None:
+            verdict = self._verdict(run, slot, k)
+            if verdict is not None:
+                return verdict
+            if weights is not None and weights.must_wait(state.version):
                 weights.holds += 1
             await state.wait_change()
+
+    def _verdict(self, run: ShardRun, slot: EnvSlot, k: int) -> bool | None:
+        """What the gate says now: True go on, False abandon the episode, None wait."""
+        state = self.state
+        weights = self.weights
+        unweighted = weights is not None and weights.must_wait(state.version)
+        if self._leaving(run) and (state.paused or unweighted or self._stopping):
+            return False  # the next owner replays the episode with the same seed
+        if slot.mode == "val":
+            if state.val_round != slot.round:
+                return False
+            return None if unweighted else True
+        if self.schedules["train"].expired(k, state.version):
+            return False
+        return None if (state.paused or unweighted) else True
+
+    async def _interrupt_loop(self) -> None:
+        """On every control change, cut short the policy calls in flight whose gate would
+        no longer pass (a pause, the episode's expiry, a stop): their HTTP requests close,
+        so the model servers are idle while the trainer updates them."""
+        state = self.state
+        while not self._stopping:
+            await state.wait_change()
+            hit = self.inflight.interrupt()
+            if hit:
+                logger.debug("%d policy calls in flight cut short", hit)
 
     async def _episode(self, run: ShardRun, slot: EnvSlot) -> bool:
         """Play and commit episode `slot.k`. False when the env task must end."""
@@ -561,6 +579,8 @@ class Producer:
                     policy=self.policy, control=self.state,
                     gate=lambda: self._gate(run, slot, slot.k),
                     acting_version=self._acting_version,
+                    inflight=self.inflight,
+                    must_stop=lambda: self._verdict(run, slot, slot.k) is not True,
                 )
             except Abandoned:
                 return None

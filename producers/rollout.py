@@ -2,6 +2,7 @@
 
 `EnvSlot` is one env of a shard; `play_episode` runs one episode on it. Gating (pause, expiry,
 val round) is a callback, so this module knows the episode and not the protocol around it.
+`InFlight` holds the awaited policy calls, so a control change can cut them short.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import numpy as np
 from producers.control import ControlState
 from producers.policies import Policy, StepContext, Turn
 from schemas.codec import SCHEMA_VERSION, traj_ids
+from schemas.errors import TurnAborted
 from schemas.seeding import episode_seed
 
 logger = logging.getLogger(__name__)
 
 _SCALARS = frozenset((bool, int, float, str))
+ABORT_RETRY_S = 0.2  # a turn the server aborted (new weights loading) is sent again after this
 
 
 @dataclass
@@ -70,6 +73,50 @@ async def in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     return await future
 
 
+class InFlight:
+    """The awaited policy calls in flight, each with its test of whether it must stop now.
+
+    `interrupt()` (the producer calls it on every control change) cuts short the calls whose
+    test says so (a pause, the episode's expiry, a stop): the env's task is cancelled where
+    the call awaits, so an HTTP request in flight is closed and the server stops generating
+    it; the caller takes that cancellation back (`take_back`: `uncancel`) and sends the turn
+    again after the gate. A cancellation from anyone else (a producer stopping) goes on as
+    usual. No task and no timer per call (a dict entry per awaited call), and a policy that
+    answers without an await (`act_now`) never gets here.
+    """
+
+    def __init__(self) -> None:
+        self.calls: dict[asyncio.Task[Any], Callable[[], bool]] = {}
+        self.interrupted = 0  # calls cut short so far
+        self._cut: set[asyncio.Task[Any]] = set()  # cancelled by `interrupt`, not yet back
+
+    def take_back(self, task: asyncio.Task[Any]) -> bool:
+        """After a `CancelledError` in a call of `task`: True when `interrupt()` sent it and
+        nobody else cancelled the task too (the call was cut short: carry on)."""
+        if task not in self._cut:
+            return False
+        self._cut.discard(task)
+        return task.uncancel() == 0
+
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        """The call of `task` is over (however it ended)."""
+        del self.calls[task]
+        if task in self._cut:  # cut short, but the call swallowed it and returned
+            self._cut.discard(task)
+            task.uncancel()
+
+    def interrupt(self) -> int:
+        """Cut short every call in flight whose test says it must stop; returns how many."""
+        hit = 0
+        for task, must_stop in self.calls.items():
+            if task not in self._cut and must_stop():
+                self._cut.add(task)
+                task.cancel("interrupted: the turn is sent again after the gate")
+                hit += 1
+        self.interrupted += hit
+        return hit
+
+
 class Abandoned(Exception):
     """The episode in flight was given up (expired, paused into a drain, stopped)."""
 
@@ -94,6 +141,8 @@ async def play_episode(
     control: ControlState,
     gate: Callable[[], Awaitable[bool]],
     acting_version: Callable[[], int] | None = None,
+    inflight: InFlight | None = None,
+    must_stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Play episode `slot.k` and return its trajectory message (not yet encoded).
 
@@ -102,6 +151,9 @@ async def play_episode(
     out a pause and returns False to abandon the episode. In between, a step costs one integer
     compare. Each step records `acting_version()` as read after the gate last passed (default
     the run's version; for a policy with weights, the version of the weights it holds).
+    With `inflight`, an awaited `act` runs there and `must_stop()` says when a control change
+    must cut it short; a turn cut short, or one the server aborted (`TurnAborted`), is sent
+    again once the gate passes (or the episode is abandoned).
     Env exceptions propagate; the caller retries with the same seed.
     """
     k = slot.k
@@ -134,7 +186,13 @@ async def play_episode(
         ctx.turn = len(steps)
         t0 = time.perf_counter()
         chosen = act_now(observation, ctx) if act_now is not None else None
-        action, response = chosen if chosen is not None else await policy.act(observation, ctx)
+        if chosen is None:
+            chosen = await _act(policy, observation, ctx, inflight, must_stop)
+            if chosen is None:  # cut short or aborted: the gate again, then the same turn
+                policy_s += time.perf_counter() - t0
+                seen = -1
+                continue
+        action, response = chosen
         policy_s += time.perf_counter() - t0
         turn_fields: dict[str, Any] | None = None
         if isinstance(response, Turn):
@@ -186,6 +244,31 @@ async def play_episode(
         "wall_time_s": wall_s,
         "finished_at": time.time(),
     }
+
+
+async def _act(policy: Policy, observation: Any, ctx: StepContext, inflight: InFlight | None,
+               must_stop: Callable[[], bool] | None) -> tuple[Any, Any] | None:
+    """The policy's `act`; None when it was cut short (registered in `inflight`, see there)
+    or the server aborted the turn."""
+    try:
+        if inflight is None or must_stop is None:
+            return await policy.act(observation, ctx)
+        task = asyncio.current_task()
+        assert task is not None
+        inflight.calls[task] = must_stop
+        try:
+            return await policy.act(observation, ctx)
+        except asyncio.CancelledError:
+            if inflight.take_back(task):
+                return None
+            raise
+        finally:
+            inflight.leave(task)
+    except TurnAborted as exc:
+        logger.debug("turn %d of episode %d (group %d, member %d) aborted (%s); sending it "
+                     "again", ctx.turn, ctx.episode_id, ctx.group_id, ctx.member, exc)
+        await asyncio.sleep(ABORT_RETRY_S)
+        return None
 
 
 def _identity(slot: EnvSlot, k: int, env_seed: int, producer_id: str) -> dict[str, Any]:

@@ -25,7 +25,10 @@ prompts extend the previous prompt and reply token for token; `drop_thinking` re
 Latency is lognormal (`latency_s * exp(latency_sigma * z)`). Faults: 500s, hangs and dropped
 connections at a rate, or exactly the next N requests (`POST /admin/faults {"kind", "count"}`,
 or `FakeLLMServer.fail_next`). `GET /admin/stats` counts requests in flight, completed,
-closed by the client before the answer, aborted and faulted.
+closed by the client before the answer, aborted and faulted. For tests, `hold(marker)` keeps
+the requests whose body carries `marker` in flight until `release()` (a weight update aborts
+them, a client that leaves closes them), and `answers` lists what each answer said (request
+seed, model, weight version, finish reason).
 """
 
 from __future__ import annotations
@@ -260,6 +263,10 @@ class FakeLLMServer:
         self.stats: collections.Counter[str] = collections.Counter()
         self.requests: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=keep_requests)  # bodies of recent chat requests
+        self.answers: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=keep_requests)  # seed, model, weight_version, finish_reason of each answer
+        self._hold: bytes | None = None  # requests whose body carries this wait for release()
+        self._held: set[_Pending] = set()
         self.adapters: dict[str, str] = {}  # LoRA adapter name -> path
         self._scripted: collections.deque[str] = collections.deque()
         self._fault_rng = random.Random(self.options.seed ^ 0xFA17)
@@ -290,6 +297,22 @@ class FakeLLMServer:
             raise ValueError(f"fault kind {kind!r} is not one of {', '.join(FAULT_KINDS)}")
         with self._lock:
             self._scripted.extend([kind] * count)
+
+    def hold(self, marker: bytes | str = b"") -> None:
+        """Keep the chat requests whose body carries `marker` (b"": every one) in flight
+        until `release()` (`stats["held"]` counts them); a weight update aborts them and a
+        client that leaves closes them, as with any request in flight."""
+        self._hold = marker.encode() if isinstance(marker, str) else marker
+
+    def release(self) -> None:
+        """Stop holding; the held requests are answered now (after their latency)."""
+        self._hold = None
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._release_held)
+
+    def _release_held(self) -> None:
+        for pending in list(self._held):
+            _settle(pending, "done")
 
     def start(self) -> FakeLLMServer:
         """Serve on a daemon thread; returns once listening (`port` is then the real one)."""
@@ -444,6 +467,15 @@ class FakeLLMServer:
             if self.options.during_load == "abort":
                 return self._completion(body, model, "", [], [], "abort")
             await self._loaded.wait()
+        if self._hold is not None and self._hold in raw:
+            self.stats["held"] += 1
+            try:
+                why = await self._wait(None, held=True)
+            finally:
+                self.stats["held"] -= 1
+            if why != "done":
+                self.stats["aborted"] += 1
+                return self._completion(body, model, "", [], [], "abort")
         rng = random.Random(int.from_bytes(
             hashlib.blake2b(raw, digest_size=8, key=str(self.options.seed).encode()).digest(),
             "little"))
@@ -477,17 +509,21 @@ class FakeLLMServer:
             return f"{thought}, I am not sure which way to go.", False
         return f"<think>{thought}</think><answer>{rng.choice(board.actions)}</answer>", False
 
-    async def _wait(self, delay_s: float | None) -> str:
-        """Sleep `delay_s` (None: until aborted); "done", or why it ended early."""
+    async def _wait(self, delay_s: float | None, held: bool = False) -> str:
+        """Sleep `delay_s` (None: until aborted, or released when `held`); "done", or why it
+        ended early."""
         assert self._loop is not None
         pending = _Pending(self._loop.create_future())
         if delay_s is not None:
             pending.timer = self._loop.call_later(delay_s, _settle, pending, "done")
         self._pending.add(pending)
+        if held:
+            self._held.add(pending)
         try:
             return await pending.done
         finally:
             self._pending.discard(pending)
+            self._held.discard(pending)
             if pending.timer is not None:
                 pending.timer.cancel()
 
@@ -526,6 +562,8 @@ class FakeLLMServer:
         }
         if model == self.options.model:  # an adapter's reply carries no base weight version
             out["metadata"] = {"weight_version": self.options.weight_version}
+        self.answers.append({"seed": body.get("seed"), "model": model, "finish_reason": finish,
+                             "weight_version": self.options.weight_version})
         return _json(out)
 
     def _fault(self) -> str | None:

@@ -41,3 +41,12 @@ class EpisodeFailed(RollstreamError):
     """An episode that retrying cannot save (a model server refused its request with a 4xx,
     or answered something that is not a completion): the member commits it failed at once,
     without the env retries, so its group is dropped and counted."""
+
+
+class TurnAborted(RollstreamError):
+    """A model turn that was not generated (the server aborted it, as SGLang does while it
+    loads new weights): the producer sends it again after its gate (pause, expiry) passes."""
+
+
+class ServerUpdateError(RollstreamError):
+    """A model server that did not take new weights; the message names the server."""

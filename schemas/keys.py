@@ -76,6 +76,10 @@ class Keys:
     def dead(self) -> str:  # stream: entries that failed to decode, with the reason
         return f"{self.prefix}:dead"
 
+    @property
+    def servers(self) -> str:  # hash: model server base URL -> the weight version it holds
+        return f"{self.prefix}:servers"
+
     def stream(self, mode: str, group_id: int) -> str:  # stream: finished trajectories
         return f"{self.prefix}:traj:{mode}:{group_id}"
 

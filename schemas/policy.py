@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -144,3 +145,24 @@ def policy_known_keys(section: dict[str, Any]) -> set[str] | None:
     if model is None or model is PythonPolicyConfig:
         return None
     return set(model.model_fields)
+
+
+def server_record(version: int, model: str | None = None) -> str:
+    """A `{RUN}:servers` value: the weight version a model server holds and, when requests
+    must name something other than the policy's `model` to get it (a vLLM LoRA adapter), that
+    name. JSON, readable with redis-cli: `{"version": 7, "model": "rollstream-v7"}`."""
+    record: dict[str, Any] = {"version": int(version)}
+    if model is not None:
+        record["model"] = model
+    return json.dumps(record, separators=(",", ":"))
+
+
+def read_server_record(raw: bytes | str) -> tuple[int, str | None] | None:
+    """(version, model name or None) of a `{RUN}:servers` value; None when unreadable."""
+    try:
+        record = json.loads(raw)
+        version = int(record["version"])
+        model = record.get("model")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return version, (str(model) if model is not None else None)

@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GUARDS = "tests/test_guards.py"
 OPS = "tests/test_operations.py"
+GEN = "tests/test_generation_control.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -231,6 +232,87 @@ MUTANTS: tuple[Mutant, ...] = (
         "    if False:\n",
         "a tag's max_steps (ROLL's custom_envs key) is the env's step budget",
         ("tests/test_roll_config.py::test_frozenlake_plays_at_most_the_tags_max_steps",),
+    ),
+    Mutant(
+        "producer-interrupt", "producers/rollout.py",
+        'task.cancel("interrupted: the turn is sent again after the gate")',
+        "pass  # (mutant) nothing cut short",
+        "a pause or an expiry cuts the policy call in flight short (its HTTP request closes)",
+        (f"{GEN}::test_a_sync_pause_closes_generations_and_nothing_runs_until_the_publish",
+         f"{GEN}::test_an_operator_pause_closes_turns_that_are_sent_again_after_it"),
+    ),
+    Mutant(
+        "inflight-foreign-cancel", "producers/rollout.py",
+        "        return task.uncancel() == 0\n",
+        "        task.uncancel()\n        return True  # (mutant)\n",
+        "a task also cancelled by someone else (a stop) stays cancelled after an interrupt",
+        (f"{GEN}::test_in_flight_takes_back_only_its_own_cancellation",),
+    ),
+    Mutant(
+        "producer-interrupt-expiry", "producers/producer.py",
+        "must_stop=lambda: self._verdict(run, slot, slot.k) is not True,",
+        "must_stop=lambda: bool(self.state.paused),",
+        "an episode expiring mid-request has its request closed, not only a pause",
+        (f"{GEN}::test_an_episode_expiring_mid_request_is_abandoned_and_its_request_closed",),
+    ),
+    Mutant(
+        "producer-abort-resend", "producers/rollout.py",
+        "        await asyncio.sleep(ABORT_RETRY_S)\n        return None\n",
+        "        raise  # (mutant) an aborted turn fails its episode attempt\n",
+        "a turn the server aborted is sent again, not the whole episode replayed",
+        (f"{GEN}::test_sglang_updates_while_producers_run",),
+    ),
+    Mutant(
+        "openai-no-half-turn", "producers/policies/openai.py",
+        "            del messages[-1]\n",
+        "            pass  # (mutant) the half turn stays\n",
+        "a turn cut short or aborted leaves no user message behind in the conversation",
+        (f"{GEN}::test_an_operator_pause_closes_turns_that_are_sent_again_after_it",
+         "tests/test_llm_policy.py::test_a_turn_aborted_by_a_weight_update_leaves_no_half_"
+         "turn"),
+    ),
+    Mutant(
+        "openai-require-version", "producers/policies/openai.py",
+        "min_version = ctx.version - self._ratio if config.require_version else None",
+        "min_version = None",
+        "require_version: a turn goes only to a server within the staleness bound",
+        (f"{GEN}::test_require_version_holds_turns_until_a_server_catches_up",),
+    ),
+    Mutant(
+        "pool-min-version", "producers/llm/pool.py",
+        "s for s in self.servers if (s.version or 0) >= min_version]",
+        "s for s in self.servers]",
+        "the pool picks only servers holding the version a turn requires",
+        (f"{GEN}::test_require_version_holds_turns_until_a_server_catches_up",),
+    ),
+    Mutant(
+        "openai-recorded-version", "producers/policies/openai.py",
+        "if answer.version is not None:",
+        "if False:",
+        "a turn the server does not version records the version recorded for its server",
+        (f"{GEN}::test_vllm_lora_updates_while_producers_run",),
+    ),
+    Mutant(
+        "openai-servers-on-version", "producers/policies/openai.py",
+        "if ctx.version > self._view_version and self._context is not None:",
+        "if False:",
+        "after a publish, turns name what the servers hold now (no wait for the next poll)",
+        (f"{GEN}::test_a_sync_pause_closes_generations_and_nothing_runs_until_the_publish",
+         f"{GEN}::test_vllm_lora_updates_while_producers_run"),
+    ),
+    Mutant(
+        "servers-lora-unload", "consumer/servers.py",
+        "            if old < oldest_kept:",
+        "            if False:",
+        "LoRA adapters older than the staleness window are unloaded",
+        (f"{GEN}::test_vllm_lora_updates_while_producers_run",),
+    ),
+    Mutant(
+        "servers-sglang-version", "consumer/servers.py",
+        '"model_path": checkpoint, "weight_version": str(version),',
+        '"model_path": checkpoint,',
+        "SGLang is told the version it loads, so its answers report it",
+        (f"{GEN}::test_sglang_updates_while_producers_run",),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",

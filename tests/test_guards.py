@@ -11,14 +11,13 @@ where the batcher's own de-duplication would hide a double.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
+import gymnasium as gym
 import pytest
 from helpers import (
     ONE_STEP_ENV_ID,
@@ -32,7 +31,6 @@ from helpers import (
 )
 
 from consumer import Batcher
-from producers.policies import StepContext
 from schemas.errors import BatchTimeout
 from schemas.keys import CONSUMER_GROUP, Keys
 
@@ -71,18 +69,29 @@ def start_val_round(r, keys: Keys) -> int:
     return number
 
 
-class GatedPolicy:
-    """Every call signals `entered`, then waits (without blocking the loop) for `go`."""
+class GatedEnv(gym.Env):
+    """A one-step env whose step signals `entered`, then blocks (in a worker thread: its tag
+    is `threaded`) until `go`: a step past the episode's gate, which a pause does not cut
+    short (a policy call in flight would be)."""
 
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.go = threading.Event()
+    observation_space = gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
+    entered = threading.Event()
+    go = threading.Event()
 
-    async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None]:
-        self.entered.set()
-        while not self.go.is_set():
-            await asyncio.sleep(0.005)
-        return 0, None
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action: int):
+        GatedEnv.entered.set()
+        GatedEnv.go.wait(30)
+        return 1, 1.0, True, False, {"success": True}
+
+
+GATED_ENV_ID = "rollstream-test/Gated-v0"
+if GATED_ENV_ID not in gym.registry:
+    gym.register(id=GATED_ENV_ID, entry_point=GatedEnv)
 
 
 # -- the commit script -----------------------------------------------------------------------
@@ -120,16 +129,20 @@ def test_a_pause_landing_mid_episode_keeps_its_commit_out_until_resume(r, run, p
                                                                       producer_at):
     # "not even the step in flight": the episode was already past its pause gate when the
     # pause landed; its commit reaches Redis while paused and must be refused.
-    config = one_step_config()
+    config = small_config(rollout_batch_size=1, val_env_manager=None,
+                          custom_envs={"Gated": {"env_id": GATED_ENV_ID, "threaded": True}},
+                          train_env_manager={"num_env_groups": 1, "group_size": 1,
+                                             "tags": ["Gated"]})
     keys = Keys(run)
     Batcher(r, config, run=run)
-    policy = GatedPolicy()
-    producer = producer_at(proxy.url, policy=policy).producer
-    assert policy.entered.wait(20), "the episode never reached its policy call"
+    GatedEnv.entered.clear()
+    GatedEnv.go.clear()
+    producer = producer_at(proxy.url).producer
+    assert GatedEnv.entered.wait(20), "the episode never reached its env step"
     set_pause(r, keys, "operator", True)
     wait_for(lambda: "operator" in producer.state.paused, what="the producer to see the pause")
     proxy.hold(commit_marker(keys))
-    policy.go.set()  # the episode finishes; its commit goes out
+    GatedEnv.go.set()  # the episode finishes; its commit goes out
     assert proxy.held.wait(10), "the finished episode was never committed"
     proxy.release()
     assert proxy.replied.wait(10), "Redis never answered the commit"

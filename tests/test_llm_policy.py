@@ -279,9 +279,10 @@ def test_against_a_real_vllm_server(producer_thread, r: redis.Redis, run: str) -
     assert len(batch.turn_tokens()) == sum(t["num_actions"] for t in batch.trajectories)
 
 
-def test_a_turn_aborted_by_a_weight_update_is_sent_again(fake_llm) -> None:
+def test_a_turn_aborted_by_a_weight_update_leaves_no_half_turn(fake_llm) -> None:
     """SGLang aborts requests in flight while it loads weights (`finish_reason: abort`): the
-    policy sends the turn again and records the version the server reports."""
+    policy raises `TurnAborted` with the conversation as it was, so the producer can send the
+    turn again (tests/test_generation_control.py), which records the server's new version."""
     import asyncio
     import threading
 
@@ -290,6 +291,7 @@ def test_a_turn_aborted_by_a_weight_update_is_sent_again(fake_llm) -> None:
     from producers.envs import build_env
     from producers.policies import make_policy
     from schemas.config import RolloutConfig
+    from schemas.errors import TurnAborted
 
     server = fake_llm(latency_s=30.0, load_time_s=0.3)
     config: RolloutConfig = two_tag_config([server.base_url])
@@ -308,7 +310,10 @@ def test_a_turn_aborted_by_a_weight_update_is_sent_again(fake_llm) -> None:
         policy = make_policy(config.policy)
         await policy.start()
         try:
-            return await policy.act(obs, ctx)
+            with pytest.raises(TurnAborted, match=f"model server {server.base_url} aborted"):
+                await policy.act(obs, ctx)
+            assert len(ctx.scratch["chat"]) == 1  # the system message: no user turn left
+            return await policy.act(obs, ctx)  # sent again, as the producer does
         finally:
             await policy.close()
 

@@ -12,6 +12,12 @@ A server marked down is tried again after a cooldown (0.25 s doubling to 5 s) by
 request, so a dead server is not flooded. While every server is down, requests wait: one log
 line when all are down, one when a server is back.
 
+Weight versions: `set_versions` tells the pool which version each server holds (what the
+trainer recorded in `{RUN}:servers`) and which model name gets it (a vLLM LoRA adapter per
+version); a request then names that model on that server, and its `Answer` carries the
+version. `chat(body, min_version=v)` sends only to a server holding at least `v` and waits
+(one log line) while none does.
+
 JSON with orjson: decoding a reply (logprobs, ~700 prompt ids) took 69 us with the
 standard library and 19 us with orjson here. aiohttp, not httpx: measured against the
 stand-in server (`python bench/bench_llm.py --compare-clients`), aiohttp's client cost
@@ -38,6 +44,8 @@ BACKOFF_S = 0.05  # first retry on the same server; doubles
 BACKOFF_MAX_S = 2.0
 COOLDOWN_S = 0.25  # a server marked down is tried again after this; doubles
 COOLDOWN_MAX_S = 5.0
+VERSION_RECHECK_S = 1.0  # a request waiting for a server's version looks again at least this
+# often (`set_versions` wakes it at once when a version changes)
 
 
 @dataclass(eq=False)
@@ -51,6 +59,9 @@ class Server:
     probing: bool = False  # when down: a request is trying it now
     downs: int = 0  # times marked down in a row (the cooldown doubles)
     served: int = 0
+    version: int | None = None  # the weight version it holds, as recorded (None: unknown)
+    model: str | None = None  # the model name requests name to get that version (None: the
+    # pool's model; a LoRA adapter's name on vLLM)
 
     @property
     def chat_url(self) -> str:
@@ -69,6 +80,8 @@ class Answer:
     server: Server
     latency_s: float  # of the attempt that answered
     attempts: int
+    version: int | None = None  # the version recorded for what answered: the adapter's the
+    # request named (or the base model's), else the server's when it answered (None: none)
 
 
 class _Transient(Exception):
@@ -88,8 +101,13 @@ class ServerPool:
 
     def __init__(self, base_urls: list[str], *, api_key: str | None = None,
                  timeout_s: float = 600.0, max_retries: int = 3, max_inflight: int = 1024,
-                 cooldown_max_s: float = COOLDOWN_MAX_S):
+                 cooldown_max_s: float = COOLDOWN_MAX_S, model: str | None = None):
         self.servers = [Server(url.rstrip("/")) for url in base_urls]
+        # request bodies start with this (the model is their first key): a server whose
+        # version is another model name gets the body with that name spliced in
+        self._model_prefix = b'{"model":' + orjson.dumps(model) if model else b""
+        self.version_waiting = 0  # requests waiting for a server to hold their min_version
+        self._version_wait_logged: int | None = None
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.max_inflight = max_inflight
@@ -122,6 +140,20 @@ class ServerPool:
     @property
     def inflight(self) -> int:
         return sum(server.inflight for server in self.servers)
+
+    def set_versions(self, records: dict[str, tuple[int, str | None]]) -> bool:
+        """Each server's (version, model name) from `{RUN}:servers`, by base URL (a server
+        without a record: unknown). True when something changed; waiting requests look
+        again at once."""
+        changed = False
+        for server in self.servers:
+            version, model = records.get(server.base_url, (None, None))
+            if (version, model) != (server.version, server.model):
+                server.version, server.model = version, model
+                changed = True
+        if changed and self._changed is not None:
+            self._changed.set()
+        return changed
 
     # -- start check -------------------------------------------------------------------------
     async def check_model(self, model: str) -> None:
@@ -177,33 +209,40 @@ class ServerPool:
             return set()  # not an OpenAI model list: serves nothing we can name
 
     # -- requests ----------------------------------------------------------------------------
-    async def chat(self, body: bytes) -> Answer:
-        """POST `body` to `/chat/completions` (see the module docstring for the retries)."""
+    async def chat(self, body: bytes, *, min_version: int | None = None) -> Answer:
+        """POST `body` to `/chat/completions` (see the module docstring for the retries), to
+        a server holding at least `min_version` when given."""
         assert self._slots is not None
         async with self._slots:
-            server = await self._pick(avoid=None)
+            server = await self._pick(avoid=None, min_version=min_version)
             probe = server.down  # a down server is handed out only to the request trying it
             tries = attempts = 0
             try:
                 while True:
                     attempts += 1
                     try:
-                        data, latency_s = await self._post(server, body)
+                        data, latency_s, version = await self._post(server, body)
                     except _Transient as exc:
-                        server, tries = await self._after_failure(server, probe, tries, exc)
+                        server, tries = await self._after_failure(server, probe, tries, exc,
+                                                                  min_version)
                         probe = server.down
                         continue
                     self._mark_up(server)
                     server.served += 1
-                    return Answer(data, server, latency_s, attempts)
+                    return Answer(data, server, latency_s, attempts, version)
             except BaseException:
                 if probe:
                     server.probing = False  # cancelled or refused while trying it
                 raise
 
-    async def _post(self, server: Server, body: bytes) -> tuple[dict[str, Any], float]:
-        """One attempt; `_Transient` or `EpisodeFailed` on failure."""
+    async def _post(self, server: Server, body: bytes
+                    ) -> tuple[dict[str, Any], float, int | None]:
+        """One attempt: (answer, latency, recorded version); `_Transient` or `EpisodeFailed`
+        on failure."""
         assert self._session is not None
+        model, version = server.model, server.version  # an adapter fixes its version now
+        if model is not None:
+            body = self._naming(body, model)
         server.inflight += 1
         t0 = time.perf_counter()
         try:
@@ -231,35 +270,48 @@ class ServerPool:
         except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
             raise EpisodeFailed(f"model server {server.base_url} answered HTTP {status} "
                                 f"without a completion ({exc})") from None
-        return data, latency_s
+        if model is None and server.model is None:  # full weights: what it holds now
+            version = server.version
+        return data, latency_s, version  # else the version of the model the request named
+
+    def _naming(self, body: bytes, model: str) -> bytes:
+        """`body` asking for `model`: the model is the body's first key, so a splice."""
+        prefix = self._model_prefix
+        if prefix and body.startswith(prefix):
+            return b'{"model":' + orjson.dumps(model) + body[len(prefix):]
+        data = orjson.loads(body)  # a body built elsewhere: decode, rename, encode
+        data["model"] = model
+        return orjson.dumps(data)
 
     async def _after_failure(self, server: Server, probe: bool, tries: int,
-                             exc: _Transient) -> tuple[Server, int]:
+                             exc: _Transient, min_version: int | None) -> tuple[Server, int]:
         """The server (and its try count) for the next attempt after a transient failure."""
         if probe:
             self._probe_failed(server, exc)
-            return await self._pick(avoid=server), 0
+            return await self._pick(avoid=server, min_version=min_version), 0
         if server.down:  # another request marked it down meanwhile
-            return await self._pick(avoid=server), 0
+            return await self._pick(avoid=server, min_version=min_version), 0
         if exc.timeout and any(s is not server and not s.down for s in self.servers):
-            return await self._pick(avoid=server), 0
+            return await self._pick(avoid=server, min_version=min_version), 0
         tries += 1
         if tries > self.max_retries:
             self._mark_down(server, exc)
-            return await self._pick(avoid=server), 0
+            return await self._pick(avoid=server, min_version=min_version), 0
         await asyncio.sleep(min(BACKOFF_S * 2 ** (tries - 1), BACKOFF_MAX_S))
         return server, tries
 
-    async def _pick(self, avoid: Server | None) -> Server:
+    async def _pick(self, avoid: Server | None, min_version: int | None = None) -> Server:
         """A down server whose cooldown is over (as the one request trying it), else the up
         server with the fewest requests in flight (not `avoid` if another is up), else wait
-        until one of those exists."""
+        until one of those exists. With `min_version`, only servers holding at least that
+        version count (a server with no recorded version holds 0, the initial weights)."""
         assert self._changed is not None
         while True:
             now = time.monotonic()
-            ready = [s for s in self.servers
-                     if s.down and not s.probing and s.retry_at <= now]
-            up = [s for s in self.servers if not s.down]
+            usable = self.servers if min_version is None else [
+                s for s in self.servers if (s.version or 0) >= min_version]
+            ready = [s for s in usable if s.down and not s.probing and s.retry_at <= now]
+            up = [s for s in usable if not s.down]
             if ready and (avoid not in ready or not up):
                 server = min(ready, key=_retry_at)
                 server.probing = True
@@ -270,17 +322,39 @@ class ServerPool:
                 self._turn += 1
                 start = self._turn % len(up)
                 return min(up[start:] + up[:start], key=_inflight)
-            if not self._all_down:
+            if not usable:
+                assert min_version is not None
+                await self._wait_version(min_version)
+                continue
+            if not self._all_down and all(s.down for s in self.servers):
                 self._all_down = True
                 logger.warning("all %d model servers are down; turns wait until one answers",
                                len(self.servers))
-            waits = [s.retry_at for s in self.servers if not s.probing]
+            waits = [s.retry_at for s in usable if not s.probing]
             timeout_s = max(0.01, min(waits) - now) if waits else self.cooldown_max_s
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                pass
+            await self._wait_change(timeout_s)
+
+    async def _wait_version(self, min_version: int) -> None:
+        """Wait for a look at the servers' versions (`set_versions`, or a recheck)."""
+        if self._version_wait_logged != min_version:
+            self._version_wait_logged = min_version
+            logger.warning("no model server holds weight version >= %d yet (%s); turns wait "
+                           "(require_version)", min_version, ", ".join(
+                               f"{s.base_url}: {s.version if s.version is not None else '?'}"
+                               for s in self.servers))
+        self.version_waiting += 1
+        try:
+            await self._wait_change(VERSION_RECHECK_S)
+        finally:
+            self.version_waiting -= 1
+
+    async def _wait_change(self, timeout_s: float) -> None:
+        assert self._changed is not None
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
 
     def _mark_down(self, server: Server, exc: Exception) -> None:
         server.down = True

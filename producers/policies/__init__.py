@@ -8,9 +8,17 @@ The protocol a policy follows (only `act` is required):
   reply itself (`step_text`), so a malformed answer gets the env's format penalty.
 - `act_now(observation, ctx)`: the same pair without an await, or None to fall back to
   `act`; a random or numpy policy then costs no coroutine per step.
-- `async start()`: once, before any episode (check servers, load a model); raise
-  `PolicyError` to make the producer exit 1 with that one line.
+- `async start(context)` (or `async start()`): once, before any episode (check servers,
+  load a model); `context` is a `PolicyContext` (the run's Redis client, keys and config).
+  Raise `PolicyError` to make the producer exit 1 with that one line.
 - `async close()`: once, when the producer stops.
+
+An awaited `act` can be cut short: when a pause (sync or operator), the episode's expiry or
+a stop lands while it runs, the producer cancels it (an HTTP request in flight is closed, so
+the server stops generating it) and, unless the episode is abandoned, calls `act` again for
+the same turn once the pause is over. So `act` must leave `ctx.scratch` as it found it
+unless it returns: no half turn. A turn that was not generated (the server aborted it)
+raises `TurnAborted`: it is sent again the same way, through the same gate.
 
 Weights by version, for a policy that learns through the stream (`producers/weights.py`):
 - `set_weights(version, decoded)`: cheap, on the event loop, between steps; from then on the
@@ -22,18 +30,22 @@ The producer fetches each version once (not once per env); a policy without `set
 ignores weights (random, openai).
 
 The version a step records is the `Turn`'s own `version` when the policy knows it (an
-inference server reported it), else `ctx.version`: the version the producer acts with, which
-for a policy with `set_weights` is the version of the weights it holds (0: the factory's).
+inference server reported it, or `{RUN}:servers` records what the server holds), else
+`ctx.version`: the version the producer acts with, which for a policy with `set_weights` is
+the version of the weights it holds (0: the factory's).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from schemas.config import RolloutConfig
+from schemas.keys import Keys
 from schemas.policy import PolicyConfig
 from schemas.seeding import member_seed
 
@@ -94,6 +106,29 @@ class Turn:
                 out[name] = value
         out.update(self.extra)
         return out
+
+
+@dataclass
+class PolicyContext:
+    """What `start(context)` gets: where the run lives and how it is set up."""
+
+    redis: Any  # the producer's redis.asyncio client (shared: do not close it)
+    keys: Keys  # the run's key names (`keys.servers`: the versions model servers hold)
+    config: RolloutConfig  # the run's config (`config.ratio`: the staleness bound)
+    producer_id: str
+    poll_interval_s: float = 0.2  # how often the producer polls its control state
+
+
+async def start_policy(policy: Any, context: PolicyContext) -> None:
+    """Call the policy's `start(context)`, or `start()` when it takes no argument."""
+    start = getattr(policy, "start", None)
+    if start is None:
+        return
+    try:
+        takes_context = bool(inspect.signature(start).parameters)
+    except (TypeError, ValueError):  # a callable without a signature: try the protocol's
+        takes_context = True
+    await (start(context) if takes_context else start())
 
 
 class Policy(Protocol):

@@ -6,7 +6,18 @@ from the tag's `agent_system_template`, `agent_template` and `max_tokens_per_ste
 turn returns a `Turn`: the reply text (the env parses it with its `action_pattern`), the prompt
 and response token ids and logprobs as the server produced them (None where the server does
 not return them), `finish_reason`, the server that answered, its latency, and the weight
-version when the server reports one. Val episodes sample at `val_temperature`.
+version that generated it. Val episodes sample at `val_temperature`.
+
+Weight versions: the trainer records in `{RUN}:servers` which version each server holds
+(`consumer.ModelServers`). The policy reads that hash when the run's version moves (before
+its first turn at the new version, one read for all the producer's envs) and every
+`SERVERS_POLL_S` (every poll interval while a turn waits for a version), and a turn then names
+the model that holds it (a vLLM LoRA adapter per version). A turn records the version the
+server reports (SGLang's `weight_version`; source `server`), else the one recorded for the
+server that answered (`recorded`), else the producer's (`producer`). With `require_version`
+a turn goes only to a server holding at least `run version - async_generation_ratio`, and
+waits while none does. A turn the server aborted raises `TurnAborted` (the producer sends it
+again through its gate); a turn cut short leaves the conversation as it was.
 
 The API key is read at `start()` from the environment variable `api_key_env` names and sent
 as `Authorization: Bearer`; it is never logged and never leaves the process otherwise.
@@ -20,10 +31,12 @@ import logging
 import os
 from typing import Any
 
-from producers.policies import StepContext, Turn
+from redis.exceptions import RedisError
+
+from producers.policies import PolicyContext, StepContext, Turn
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
-from schemas.errors import PolicyError
-from schemas.policy import OpenAIPolicyConfig
+from schemas.errors import PolicyError, TurnAborted
+from schemas.policy import OpenAIPolicyConfig, read_server_record
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +46,7 @@ logger = logging.getLogger(__name__)
 GC_GEN0_THRESHOLD = 50_000
 _DEFAULT_PROMPT = AgentPrompt(DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE)  # an env
 # built without `build_env` (no tag)
-_ABORT_RETRY_S = 0.2  # a turn the server aborted (weights being updated) is sent again after
+SERVERS_POLL_S = 1.0  # `{RUN}:servers` is read at least this often (and on a version change)
 
 
 class OpenAIPolicy:
@@ -51,9 +64,16 @@ class OpenAIPolicy:
         self._pool_class = ServerPool
         self.pool: Any = None
         self._gc_threshold: tuple[int, ...] | None = None  # to restore at close
+        self._context: PolicyContext | None = None
+        self._ratio = 0  # the run's staleness bound (require_version)
+        self._view_version = -1  # the run version `{RUN}:servers` was last read at
+        self._reading: asyncio.Future[None] | None = None  # the read of it under way
+        self._follower: asyncio.Task[None] | None = None
+        self._bad_records: set[str] = set()  # unreadable `{RUN}:servers` fields, warned once
 
-    async def start(self) -> None:
-        """Read the API key, open the HTTP session, check that a server serves the model."""
+    async def start(self, context: PolicyContext | None = None) -> None:
+        """Read the API key, open the HTTP session, check that a server serves the model,
+        and with a `context` follow the versions the servers hold (`{RUN}:servers`)."""
         config = self.config
         api_key = None
         if config.api_key_env:
@@ -67,17 +87,25 @@ class OpenAIPolicy:
             gc.set_threshold(GC_GEN0_THRESHOLD, *threshold[1:])
         self.pool = self._pool_class(config.base_urls, api_key=api_key,
                                      timeout_s=config.timeout_s, max_retries=config.max_retries,
-                                     max_inflight=config.max_inflight)
+                                     max_inflight=config.max_inflight, model=config.model)
         await self.pool.start()
         try:
             await self.pool.check_model(config.model)
         except BaseException:
             await self.close()
             raise
+        if context is not None:
+            self._context = context
+            self._ratio = context.config.ratio
+            self._follower = asyncio.create_task(self._follow_servers(context.poll_interval_s))
         logger.info("openai policy: model %r on %d server(s)", config.model,
                     len(self.pool.servers))
 
     async def close(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.gather(self._follower, return_exceptions=True)
+            self._follower = None
         if self.pool is not None:
             await self.pool.close()
         if self._gc_threshold is not None:
@@ -86,23 +114,82 @@ class OpenAIPolicy:
 
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, Turn]:
         config, chat = self.config, self._chat
+        if ctx.version > self._view_version and self._context is not None:
+            await self._read_servers_at(ctx.version)  # what the servers hold after a publish
         env = ctx.env.unwrapped
         prompt: AgentPrompt = getattr(env, "agent_prompt", None) or _DEFAULT_PROMPT
         max_tokens = prompt.max_tokens_per_step or config.max_tokens
         messages = chat.messages_for_turn(ctx, observation, prompt, max_tokens)
-        temperature = config.val_temperature if ctx.mode == "val" else config.temperature
-        body = chat.request_body(config.model, messages, temperature=temperature,
-                                 top_p=config.top_p, top_k=config.top_k, max_tokens=max_tokens,
-                                 seed=chat.turn_seed(ctx), extra_body=config.extra_body)
-        while True:
-            answer = await self.pool.chat(body)
+        try:
+            temperature = config.val_temperature if ctx.mode == "val" else config.temperature
+            body = chat.request_body(config.model, messages, temperature=temperature,
+                                     top_p=config.top_p, top_k=config.top_k,
+                                     max_tokens=max_tokens, seed=chat.turn_seed(ctx),
+                                     extra_body=config.extra_body)
+            min_version = ctx.version - self._ratio if config.require_version else None
+            answer = await self.pool.chat(body, min_version=min_version)
             turn = chat.turn_from_answer(answer.data)
-            if turn.finish_reason != "abort":
-                break
-            await asyncio.sleep(_ABORT_RETRY_S)  # the server is updating its weights
+            if turn.finish_reason == "abort":  # SGLang, while it loads new weights
+                raise TurnAborted(f"model server {answer.server.base_url} aborted it")
+        except BaseException:  # cut short, aborted or failed: no half turn stays behind
+            del messages[-1]
+            raise
         turn.server = answer.server.base_url
         turn.latency_s = answer.latency_s
+        if turn.version is None:  # the server did not say: what was recorded, else ours
+            if answer.version is not None:
+                turn.version, turn.version_source = answer.version, "recorded"
+            else:
+                turn.version, turn.version_source = ctx.version, "producer"
         messages.append({"role": "assistant", "content": turn.text})
         parse = getattr(env, "parse_action", None)
         action = parse(turn.text) if parse is not None else None
         return (-1 if action is None else action), turn
+
+    # -- the versions the servers hold ---------------------------------------------------
+    async def _read_servers_at(self, version: int) -> None:
+        """Read `{RUN}:servers` once the run is at `version` (one read for all the envs)."""
+        while self._view_version < version:
+            reading = self._reading
+            if reading is None:
+                reading = self._reading = asyncio.ensure_future(self._read_for(version))
+            await asyncio.shield(reading)  # a turn cut short leaves the read to the others
+
+    async def _read_for(self, version: int) -> None:
+        try:
+            await self._read_servers()
+        finally:
+            self._view_version = max(self._view_version, version)
+            self._reading = None
+
+    async def _follow_servers(self, poll_interval_s: float) -> None:
+        """Read `{RUN}:servers` every `SERVERS_POLL_S`, every poll interval while turns wait
+        for a server to hold their version."""
+        while True:
+            waiting = self.pool is not None and self.pool.version_waiting > 0
+            await asyncio.sleep(poll_interval_s if waiting else SERVERS_POLL_S)
+            await self._read_servers()
+
+    async def _read_servers(self) -> None:
+        """Tell the pool the version (and model name) each server holds; a Redis error
+        keeps what was known (logged)."""
+        context = self._context
+        if context is None or self.pool is None:
+            return
+        try:
+            raw = await context.redis.hgetall(context.keys.servers)
+        except RedisError as exc:
+            logger.warning("cannot read %s (%s); turns go on with the versions known",
+                           context.keys.servers, exc)
+            return
+        records: dict[str, tuple[int, str | None]] = {}
+        for field, value in raw.items():
+            url = field.decode() if isinstance(field, bytes) else str(field)
+            record = read_server_record(value)
+            if record is not None:
+                records[url.rstrip("/")] = record
+            elif url not in self._bad_records:
+                self._bad_records.add(url)
+                logger.warning("%s has an unreadable entry for %s: %r", context.keys.servers,
+                               url, value)
+        self.pool.set_versions(records)

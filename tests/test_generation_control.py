@@ -1,0 +1,399 @@
+"""Generation under control, against the stand-in LLM server on loopback with real producers
+and a real Batcher: a pause, an expiry or a stop closes the requests in flight (the server
+sees its client go away), a turn cut short by a pause or aborted by a weight update is sent
+again, and every turn records the weight version that generated it, as the trainer's
+`ModelServers` updates the servers through SGLang's and vLLM's endpoints.
+
+Every situation is made to happen with evidence: the server holds the requests it is told to
+(`hold`), and the tests wait for its counters (held, in flight, cancelled, aborted) or the
+policy's (turns waiting for a version), never for a timer alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+from helpers import ONE_STEP_ENV_ID, stream_messages, wait_for
+from llm_helpers import MODEL, fake_llm_factory, llm_config
+
+from consumer import Batcher, ModelServers
+from producers.llm.chat import turn_seed
+from producers.policies import StepContext
+from schemas.config import RolloutConfig
+from schemas.errors import ServerUpdateError
+from schemas.keys import Keys
+
+fake_llm = pytest.fixture(fake_llm_factory)
+
+
+def lake_config(server_urls: list[str], *, ratio: int = 0, batch: int = 16,
+                slow_tag: bool = False, **policy: Any) -> RolloutConfig:
+    """16 FrozenLake envs (4 groups of 4, 2 shards), no val. With `slow_tag`, groups 2-3 are
+    the tag `Slow`, whose system prompt starts with `SLOW` (so the server can hold them)."""
+    tags = ["Lake", "Slow"] if slow_tag else ["Lake"]
+    lake = {"env_type": "frozen_lake", "env_config": {"size": 4, "p": 0.8, "is_slippery": False,
+                                                   "max_steps": 6}}
+    custom = {"Lake": lake, "Slow": {**lake, "agent_system_template": "SLOW: play well."}}
+    return llm_config(server_urls, policy={"timeout_s": 60.0, **policy},
+                      async_generation_ratio=ratio,
+                      rollout_batch_size=batch, val_env_manager=None,
+                      custom_envs={tag: custom[tag] for tag in tags},
+                      train_env_manager={"num_env_groups": 4, "group_size": 4, "tags": tags})
+
+
+def set_pause(r: redis.Redis, keys: Keys, on: bool) -> None:
+    """What `rollstream pause` / `resume` do."""
+    (r.sadd if on else r.srem)(keys.pause, "operator")
+    r.publish(keys.control, b"pause")
+
+
+def step_seeds(traj: dict[str, Any]) -> list[int]:
+    """The request seed of each of a trajectory's turns (what the policy sent)."""
+    ctx = StepContext(env=None, seed=traj["seed"], version=0, mode=traj["mode"], group_id=0,
+                      episode_id=0, member=traj["member"], tag="")
+    seeds = []
+    for turn in range(traj["num_actions"]):
+        ctx.turn = turn
+        seeds.append(turn_seed(ctx))
+    return seeds
+
+
+def answered(server: Any) -> dict[int, dict[str, Any]]:
+    """Request seed -> the server's completed answer to it (each turn is answered once).
+    (The server's deques are copied with `list()` first: one C call, safe while it runs.)"""
+    done = [a for a in list(server.answers) if a["finish_reason"] != "abort"]
+    counts = Counter(a["seed"] for a in done)
+    assert max(counts.values()) == 1, "a turn was generated twice"
+    return {a["seed"]: a for a in done}
+
+
+def steps_of(batches: list[Any]) -> list[tuple[dict[str, Any], int]]:
+    """(step, its request seed) of every step of the batches."""
+    return [(step, seed) for batch in batches for traj in batch.trajectories
+            for step, seed in zip(traj["steps"], step_seeds(traj), strict=True)]
+
+
+# -- pause, expiry and stop close the requests in flight ------------------------------------
+def test_a_sync_pause_closes_generations_and_nothing_runs_until_the_publish(
+        fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+    """Sync, vLLM LoRA adapters: the Lake groups fill the batch while the Slow tag's turns are
+    held in flight; the hand-out's pause closes them, no request reaches the server while the
+    trainer loads version 1, and after the publish every turn names adapter 1 and records it
+    (read on the version change: the producers do not wait for their poll)."""
+    server = fake_llm(latency_s=0.002, load_time_s=0.05)
+    server.hold("SLOW")
+    config = lake_config([server.base_url], batch=8, slow_tag=True)
+    batcher = Batcher(r, config, run=run)
+    servers = ModelServers.for_batcher(batcher, "vllm-lora", adapter_name="policy-v{version}")
+    producer_thread()
+    wait_for(lambda: server.stats["held"] == 8, what="the Slow envs' turns held in flight")
+
+    first = batcher.get_batch(timeout_s=30)
+    assert {t["tag"] for t in first.trajectories} == {"Lake"}
+    wait_for(lambda: server.stats["cancelled"] == 8 and server.in_flight == 0,
+             what="the pause to close the held requests")
+    requests = server.stats["requests"]
+    assert servers.update(1, "/ckpt/lora-1") == {server.base_url: 1}
+    server.release()
+    batcher.ack(first)
+    assert server.stats["requests"] == requests  # nothing generated while paused
+    batcher.publish_version()
+
+    second = batcher.get_batch(timeout_s=30)
+    assert second.metrics["scheduler/stale_dropped"] == 0
+    seeds = answered(server)
+    for step, seed in steps_of([second]):
+        assert (step["version"], step["version_source"]) == (1, "recorded")
+        assert seeds[seed]["model"] == "policy-v1"
+    # the Slow episodes cut short at version 0 expired with it: abandoned, never committed
+    slow = [m for m in stream_messages(r, Keys(run), config) if m["tag"] == "Slow"]
+    assert all(m["episode_id"] >= 1 for m in slow)
+
+
+def test_an_operator_pause_closes_turns_that_are_sent_again_after_it(
+        fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+    server = fake_llm(latency_s=0.002)
+    server.hold()
+    config = lake_config([server.base_url])
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    wait_for(lambda: server.stats["held"] == 16, what="every env's first turn held")
+    firsts = {body["seed"]: body for body in list(server.requests)}
+    assert len(firsts) == 16
+
+    set_pause(r, batcher.keys, True)
+    wait_for(lambda: server.stats["cancelled"] == 16 and server.in_flight == 0,
+             what="the pause to close the held requests")
+    assert server.stats["requests"] == 16
+    server.release()
+    set_pause(r, batcher.keys, False)
+
+    batch = batcher.get_batch(timeout_s=30)
+    assert len(batch) == 16 and {t["episode_id"] for t in batch.trajectories} == {0}
+    bodies = list(server.requests)
+    for seed, body in firsts.items():  # each first turn sent again exactly as before
+        assert [b for b in bodies if b["seed"] == seed] == [body, body]
+    for body in bodies:  # no half turn: user and assistant alternate after the system
+        roles = [m["role"] for m in body["messages"]]
+        assert roles == ["system"] + ["user", "assistant"] * (len(roles) // 2 - 1) + ["user"]
+    answered(server)  # and no turn was generated twice
+
+
+def test_an_episode_expiring_mid_request_is_abandoned_and_its_request_closed(
+        fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+    server = fake_llm(latency_s=0.002)
+    server.hold()
+    config = lake_config([server.base_url], ratio=1)
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    wait_for(lambda: server.stats["held"] == 16, what="every env's first turn held")
+    episode_0 = {body["seed"] for body in list(server.requests)}
+
+    batcher.publish_version()
+    batcher.publish_version()  # version 2: episode 0 (step 0) is more than 1 version stale
+    wait_for(lambda: server.stats["cancelled"] == 16,  # (the next episodes' turns are held)
+             what="the expiry to close the held requests")
+    server.release()
+    batch = batcher.get_batch(timeout_s=30)
+    assert min(t["episode_id"] for t in batch.trajectories) == 2  # first live at version 2
+    assert all(m["episode_id"] >= 2 for m in stream_messages(r, batcher.keys, config))
+    assert not episode_0 & set(answered(server))  # never generated
+
+
+def test_a_producer_stop_closes_its_requests(fake_llm, producer_thread, r: redis.Redis,
+                                             run: str) -> None:
+    server = fake_llm()
+    server.hold()
+    Batcher(r, lake_config([server.base_url]), run=run)
+    producer = producer_thread()
+    wait_for(lambda: server.stats["held"] == 16, what="every env's first turn held")
+    assert producer.stop() == 0
+    wait_for(lambda: server.stats["cancelled"] == 16 and server.in_flight == 0,
+             what="the stop to close the held requests")
+
+
+# -- weight updates while producers run --------------------------------------------------------
+def run_steps(batcher: Batcher, servers: ModelServers, steps: int) -> list[Any]:
+    """The documented trainer step: get_batch, (train), update the servers, ack, publish."""
+    batches = []
+    for _ in range(steps):
+        batch = batcher.get_batch(timeout_s=30)
+        batches.append(batch)
+        version = batcher.version + 1
+        servers.update(version, f"/ckpt/{version}")
+        batcher.ack(batch)
+        batcher.publish_version(version)
+    return batches
+
+
+def check_staleness_spread(versions: set[int]) -> None:
+    """The first batch is all version 0; the last, taken at version 3 with ratio 1, only
+    holds trajectories that started at version 2 or later."""
+    assert 0 in versions and max(versions) >= 2
+
+
+def test_sglang_updates_while_producers_run(fake_llm, producer_thread, r: redis.Redis,
+                                            run: str) -> None:
+    """Async: every turn records the version the server reported when it answered; turns
+    aborted by an update (held in flight when it lands) are sent again, once each."""
+    server = fake_llm(latency_s=0.003, load_time_s=0.05)
+    batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
+    servers = ModelServers.for_batcher(batcher, "sglang")
+    producer_thread()
+    batches = run_steps(batcher, servers, 1)
+
+    batch = batcher.get_batch(timeout_s=30)  # version 1; the update to 2 lands on held turns
+    batches.append(batch)
+    server.hold('"role":"assistant"')  # turns after the first: a replayed episode would show
+    wait_for(lambda: server.stats["held"] >= 1, what="a turn held in flight")
+    servers.update(2, "/ckpt/2")
+    server.release()
+    aborts = [a for a in list(server.answers) if a["finish_reason"] == "abort"]
+    assert any(a["weight_version"] == "1" for a in aborts)  # cut off by the update to 2
+    aborted = {a["seed"] for a in aborts}  # (the update to 1 may have aborted some too)
+    # at version 1 no episode expires, so each aborted turn must come back
+    wait_for(lambda: aborted <= set(answered(server)), what="the aborted turns sent again")
+    batcher.ack(batch)
+    batcher.publish_version(2)
+    batches += run_steps(batcher, servers, 1)
+    batches.append(batcher.get_batch(timeout_s=30))
+
+    seeds = answered(server)
+    versions = set()
+    for step, seed in steps_of(batches):
+        reported = seeds[seed]["weight_version"]
+        if reported == "default":  # before the first update: nothing reported or recorded
+            assert (step["version"], step["version_source"]) == (0, "producer")
+        else:
+            assert (step["version"], step["version_source"]) == (int(reported), "server")
+        versions.add(step["version"])
+    check_staleness_spread(versions)
+    assert servers.holding() == {server.base_url: (3, None)}
+
+
+def test_vllm_lora_updates_while_producers_run(fake_llm, producer_thread, r: redis.Redis,
+                                               run: str) -> None:
+    """Async: turns name the adapter of the version their server holds and record it; the
+    adapters older than the window (one version back at ratio 1) are unloaded."""
+    server = fake_llm(latency_s=0.003, load_time_s=0.02)
+    batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
+    servers = ModelServers.for_batcher(batcher, "vllm-lora", adapter_name="policy-v{version}")
+    producer_thread()
+    batches = run_steps(batcher, servers, 3)
+    batches.append(batcher.get_batch(timeout_s=30))
+    seeds = answered(server)
+    versions = set()
+    for step, seed in steps_of(batches):
+        model = seeds[seed]["model"]
+        if model == MODEL:
+            assert (step["version"], step["version_source"]) == (0, "producer")
+        else:
+            assert model == f"policy-v{step['version']}" and step["version_source"] == "recorded"
+        versions.add(step["version"])
+    check_staleness_spread(versions)
+    assert sorted(server.adapters) == ["policy-v2", "policy-v3"]
+    assert servers.holding() == {server.base_url: (3, "policy-v3")}
+
+
+def test_a_loader_callable_and_errors_that_name_the_server(fake_llm, r: redis.Redis,
+                                                           run: str) -> None:
+    """Anything else (a full-parameter vLLM update) goes through the trainer's callable; a
+    server that fails is named, the others are recorded."""
+    good, bad = fake_llm(), fake_llm()
+    calls = []
+
+    def load(base_url: str, version: int, path: str) -> str | None:
+        calls.append((base_url, version, path))
+        if base_url == bad.base_url:
+            raise RuntimeError("the RPC timed out")
+        return None
+
+    servers = ModelServers(r, run, [good.base_url, bad.base_url + "/"], method=load)
+    with pytest.raises(ServerUpdateError) as info:
+        servers.update(4, "/ckpt/4")
+    assert str(info.value) == (f"model server {bad.base_url}: loading version 4 failed: "
+                               "RuntimeError: the RPC timed out")
+    assert sorted(calls) == sorted([(good.base_url, 4, "/ckpt/4"), (bad.base_url, 4, "/ckpt/4")])
+    assert servers.holding() == {good.base_url: (4, None)}
+
+    bad.stop()
+    sglang = ModelServers(r, run, [bad.base_url], method="sglang", timeout_s=5)
+    with pytest.raises(ServerUpdateError, match=f"^model server {bad.base_url}: .* cannot be "
+                       "reached"):
+        sglang.update(5, "/ckpt/5")
+    lora = ModelServers(r, run, [good.base_url], method="vllm-lora")
+    good.adapters["rollstream-v6"] = "/elsewhere"  # loaded by an earlier, failed call
+    assert lora.update(6, "/ckpt/6") == {good.base_url: 6}  # not loaded twice: no 400
+    assert lora.holding()[good.base_url] == (6, "rollstream-v6")
+
+
+def test_require_version_holds_turns_until_a_server_catches_up(
+        fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+    server = fake_llm(latency_s=0.003, load_time_s=0.02)
+    batcher = Batcher(r, lake_config([server.base_url], ratio=1, require_version=True),
+                      run=run)
+    servers = ModelServers.for_batcher(batcher, "sglang")
+    producer = producer_thread().producer
+    for _ in range(2):  # versions 1 and 2 published, the server left at its first weights
+        batcher.ack(batcher.get_batch(timeout_s=30))
+        batcher.publish_version()
+    # version 2 with ratio 1: a turn needs a server holding >= 1; this one holds 0
+    wait_for(lambda: producer.policy.pool.version_waiting >= 1 and server.in_flight == 0,
+             timeout_s=10, what="turns waiting for a server to catch up")
+    behind = len(server.answers)
+    servers.update(2, "/ckpt/2")
+    batch = batcher.get_batch(timeout_s=30)
+    seeds = answered(server)
+    late = list(server.answers)[behind:]
+    assert late and {a["weight_version"] for a in late} == {"2"}
+    for step, seed in steps_of([batch]):
+        if seed in {a["seed"] for a in late}:
+            assert (step["version"], step["version_source"]) == (2, "server")
+        assert seeds[seed]["weight_version"] in ("default", "2")
+    assert all(s["version"] >= 1 for s, _ in steps_of([batch]))
+
+
+# -- the mechanism -----------------------------------------------------------------------------
+class WaitingPolicy:
+    """Its first call waits until cancelled; later calls answer at once."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.entered: asyncio.Event | None = None
+
+    async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, None]:
+        self.calls += 1
+        if self.calls == 1:
+            assert self.entered is not None
+            self.entered.set()
+            await asyncio.Event().wait()
+        return 0, None
+
+
+def test_in_flight_takes_back_only_its_own_cancellation() -> None:
+    """A call cut short by `interrupt()` is gated and sent again, and leaves its task
+    uncancelled; a task also cancelled by someone else (a stop) stays cancelled."""
+    from producers.control import ControlState
+    from producers.envs import make_env
+    from producers.rollout import EnvSlot, InFlight, play_episode
+
+    async def episode(also_cancel: bool) -> tuple[Any, WaitingPolicy, int]:
+        policy, inflight, gates = WaitingPolicy(), InFlight(), []
+        policy.entered = asyncio.Event()
+
+        async def gate() -> bool:
+            gates.append(1)
+            return True
+
+        async def play() -> tuple[dict[str, Any], int]:
+            slot = EnvSlot(mode="train", env_id=0, group_id=0, member=0, shard=0, tag="One",
+                           env=make_env(ONE_STEP_ENV_ID, {}))
+            traj = await play_episode(slot, seed=1, producer_id="p", policy=policy,
+                                      control=ControlState(), gate=gate, inflight=inflight,
+                                      must_stop=lambda: True)
+            return traj, asyncio.current_task().cancelling()
+
+        task = asyncio.create_task(play())
+        await policy.entered.wait()
+        assert inflight.interrupt() == 1
+        if also_cancel:
+            task.cancel()
+        try:
+            traj, cancelling = await task
+        except asyncio.CancelledError:
+            return None, policy, len(gates)
+        assert not inflight.calls and cancelling == 0
+        return traj, policy, len(gates)
+
+    traj, policy, gates = asyncio.run(episode(also_cancel=False))
+    assert traj["num_actions"] == 1 and policy.calls == 2 and gates == 2
+    traj, policy, gates = asyncio.run(episode(also_cancel=True))
+    assert traj is None and policy.calls == 1
+
+
+def test_a_policy_start_gets_the_context_when_it_takes_one() -> None:
+    from producers.policies import PolicyContext, start_policy
+
+    class Plain:
+        started = False
+
+        async def start(self) -> None:
+            self.started = True
+
+    class WithContext:
+        context: PolicyContext | None = None
+
+        async def start(self, context: PolicyContext) -> None:
+            self.context = context
+
+    context = PolicyContext(redis=None, keys=Keys("x"), config=lake_config(["http://h/v1"]),
+                            producer_id="p")
+    plain, with_context = Plain(), WithContext()
+    asyncio.run(start_policy(plain, context))
+    asyncio.run(start_policy(with_context, context))
+    asyncio.run(start_policy(object(), context))  # no start at all
+    assert plain.started and with_context.context is context
