@@ -200,3 +200,18 @@ def test_a_thousand_requests_in_flight_without_threads(fake_llm) -> None:
 
     assert run_pool([server.base_url], scenario, max_inflight=1024, timeout_s=30) == 1100
     assert server.stats["max_in_flight"] >= 1000
+
+
+def test_requests_and_failures_are_counted_for_the_metrics_page(fake_llm) -> None:
+    from producers.metrics import LLM
+
+    a = fake_llm()
+    a.fail_next("500", 2)
+    errors_before = LLM.errors[(a.base_url, "http_5xx")]
+    run_pool([a.base_url], lambda pool: pool.chat(BODY))
+    assert LLM.errors[(a.base_url, "http_5xx")] - errors_before == 2
+    assert LLM.latency[a.base_url].count == 1  # the answered attempt
+    a.fail_next("400")
+    with pytest.raises(EpisodeFailed):
+        run_pool([a.base_url], lambda pool: pool.chat(BODY))
+    assert LLM.errors[(a.base_url, "http_4xx")] == 1

@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from producers import metrics
 from schemas.errors import EpisodeFailed, PolicyError
 
 logger = logging.getLogger(__name__)
@@ -251,15 +252,19 @@ class ServerPool:
                 raw = await resp.read()
                 status = resp.status
         except asyncio.TimeoutError:
+            metrics.llm_error(server.base_url, "timeout")
             raise _Transient(f"no answer within {self.timeout_s:g}s", timeout=True) from None
         except (aiohttp.ClientError, OSError) as exc:
+            metrics.llm_error(server.base_url, "connection")
             raise _Transient(f"{type(exc).__name__}: {exc}") from None
         finally:
             server.inflight -= 1
         latency_s = time.perf_counter() - t0
         if status >= 500 or status in TRANSIENT_4XX:
+            metrics.llm_error(server.base_url, "http_5xx" if status >= 500 else f"http_{status}")
             raise _Transient(f"HTTP {status}: {_message(raw)}")
         if status >= 400:
+            metrics.llm_error(server.base_url, "http_4xx")
             self._mark_up(server)  # it answered: up, but this request will not pass
             raise EpisodeFailed(f"model server {server.base_url} refused the request "
                                 f"(HTTP {status}): {_message(raw)}")
@@ -268,8 +273,10 @@ class ServerPool:
             if not isinstance(data, dict) or not data.get("choices"):
                 raise ValueError("no choices")
         except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
+            metrics.llm_error(server.base_url, "bad_reply")
             raise EpisodeFailed(f"model server {server.base_url} answered HTTP {status} "
                                 f"without a completion ({exc})") from None
+        metrics.llm_request(server.base_url, latency_s)
         if model is None and server.model is None:  # full weights: what it holds now
             version = server.version
         return data, latency_s, version  # else the version of the model the request named
