@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from schemas.keys import Keys
+from schemas.redisconn import AsyncClient
 
 ShardId = tuple[str, int]  # (mode, shard index)
 
@@ -65,7 +64,7 @@ class Heartbeat:
 class Leases:
     """The lease operations of one producer."""
 
-    def __init__(self, redis: Redis, keys: Keys, producer_id: str, ttl_s: float):
+    def __init__(self, redis: AsyncClient, keys: Keys, producer_id: str, ttl_s: float):
         self._redis = redis
         self._keys = keys
         self.producer_id = producer_id

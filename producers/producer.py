@@ -17,9 +17,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
-
 from producers.commit import Committer, Outcome
 from producers.control import LEASES_MESSAGE, ControlState, ControlWatcher
 from producers.envs import build_env
@@ -30,10 +27,22 @@ from producers.weights import WeightsFollower, takes_weights
 from schemas.backoff import Backoff
 from schemas.codec import encode_trajectory
 from schemas.config import RolloutConfig
-from schemas.connection import async_client, auth_message, is_auth_error, mask_url
 from schemas.errors import ConfigError, PolicyError, RedisSetupError
 from schemas.keys import Keys
 from schemas.protocol import Schedule
+from schemas.redisconn import (
+    REDIS_ERRORS,
+    AsyncClient,
+    OwnerWatch,
+    RedisUrlError,
+    ReplicaWait,
+    async_client,
+    auth_message,
+    is_auth_error,
+    mask_url,
+    publish,
+    transaction,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +113,9 @@ class Producer:
         except asyncio.CancelledError:
             logger.warning("producer %s: forced stop", self.producer_id)
             return 1
+        except RedisUrlError as exc:  # the URL's form is checked before; this is what the
+            logger.error("producer %s: %s", self.producer_id, exc)  # server says of it
+            return 2
         except ConfigError as exc:
             logger.error("producer %s: the published config cannot run: %s",
                          self.producer_id, exc)
@@ -129,14 +141,17 @@ class Producer:
         if self.handle_signals:
             self._install_signals()
         self._deadline = None if self.seconds is None else time.monotonic() + self.seconds
-        redis = async_client(self.redis_url, socket_timeout=10, socket_connect_timeout=5,
-                             health_check_interval=15)
         try:
-            config = await self._wait_config(redis)
-            if config is not None:
-                await self._serve(redis, config)
+            redis = await self._connect()
+            if redis is None:
+                return
+            try:
+                config = await self._wait_config(redis)
+                if config is not None:
+                    await self._serve(redis, config)
+            finally:
+                await redis.aclose()
         finally:
-            await redis.aclose()
             if self.handle_signals:
                 self._remove_signals()
 
@@ -158,7 +173,23 @@ class Producer:
         logger.info("producer %s: %s, stopping", self.producer_id, signal.Signals(sig).name)
         self._stop.set()
 
-    async def _wait_config(self, redis: Redis) -> RolloutConfig | None:
+    async def _connect(self) -> AsyncClient | None:
+        """A client for the URL's deployment (one server, a cluster, Sentinel), retried while
+        Redis is unreachable; None when stopped first. Wrong credentials end the producer."""
+        assert self._stop is not None
+        backoff = Backoff(name=f"producer {self.producer_id}")
+        while not self._stop.is_set() and not self._out_of_time():
+            try:
+                return await async_client(self.redis_url, socket_timeout=10,
+                                          socket_connect_timeout=5, health_check_interval=15)
+            except REDIS_ERRORS as exc:
+                if is_auth_error(exc):
+                    raise RedisSetupError(auth_message(self.redis_url)) from None
+                await backoff.sleep(f"cannot read the config at {mask_url(self.redis_url)}: "
+                                    f"{exc}")
+        return None
+
+    async def _wait_config(self, redis: AsyncClient) -> RolloutConfig | None:
         """The run's config once a trainer has published it; None when stopped first (or
         `seconds` ran out). Wrong credentials end the producer (`RedisSetupError`)."""
         assert self._stop is not None
@@ -169,7 +200,7 @@ class Producer:
             try:
                 raw = await redis.get(self.keys.config)
                 backoff.reset()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 if is_auth_error(exc):
                     raise RedisSetupError(auth_message(self.redis_url)) from None
                 await backoff.sleep(f"cannot read the config at {where}: {exc}")
@@ -193,7 +224,7 @@ class Producer:
         except asyncio.TimeoutError:
             pass
 
-    async def _serve(self, redis: Redis, config: RolloutConfig) -> None:
+    async def _serve(self, redis: AsyncClient, config: RolloutConfig) -> None:
         assert self._stop is not None
         self.config = config
         self.policy: Policy = self._policy_override or make_policy(config.policy)
@@ -205,9 +236,11 @@ class Producer:
         self.state = ControlState()
         watcher = ControlWatcher(redis, self.keys, self.state, self.poll_interval_s)
         self.watcher = watcher
-        self.committer = Committer(redis, self.keys, self.producer_id)
+        self.committer = Committer(redis, self.keys, self.producer_id, replicas=ReplicaWait(
+            redis, self.keys, config.min_replicas, config.replica_timeout_ms))
         self.leases = Leases(redis, self.keys, self.producer_id, config.lease_ttl_s)
         self.redis = redis
+        self.owner = OwnerWatch(self.keys, f"producer {self.producer_id}")
         self.weights: WeightsFollower | None = None
         if takes_weights(self.policy):
             self.weights = WeightsFollower(redis, self.keys, self.policy, self.state,
@@ -226,8 +259,9 @@ class Producer:
             await asyncio.wait_for(watcher.subscribed.wait(), 5.0)
         except asyncio.TimeoutError:
             logger.warning("control channel not subscribed after 5s; relying on heartbeats")
-        logger.info("producer %s: serving run %s at %s", self.producer_id, self.keys.run,
-                    mask_url(self.redis_url))
+        self.owner.note(redis)
+        logger.info("producer %s: serving run %s at %s (%s)", self.producer_id, self.keys.run,
+                    mask_url(self.redis_url), self.owner.current)
         try:
             await self._lease_loop()
         finally:
@@ -245,7 +279,7 @@ class Producer:
             try:
                 await watcher.refresh()
                 return
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 await backoff.sleep(f"control read failed: {exc}")
 
     async def _first_weights(self) -> None:
@@ -255,7 +289,7 @@ class Producer:
             try:
                 await self.weights.refresh()
                 return
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 await backoff.sleep(f"weights fetch failed: {exc}")
 
     def _acting_version(self) -> int:
@@ -284,9 +318,10 @@ class Producer:
             try:
                 short = await self._rebalance()
                 backoff.reset()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 await backoff.sleep(f"heartbeat failed: {exc}")
                 continue
+            self.owner.note(self.redis)  # one line when the run's node changed
             # short of the share: shards are moving, look again soon (backing off, in case
             # there are simply more producers than shards)
             self._short_streak = self._short_streak + 1 if short else 0
@@ -304,7 +339,7 @@ class Producer:
 
     async def _announce_leases(self) -> None:
         """Tell the other producers to rebalance now (a join, a handover, a departure)."""
-        await self.redis.publish(self.keys.control, LEASES_MESSAGE)
+        await publish(self.redis, self.keys.control, LEASES_MESSAGE)
 
     async def _rebalance(self) -> bool:
         """Heartbeat, drop lost shards, hand over or claim to the fair share. True when short
@@ -346,7 +381,7 @@ class Producer:
             self._releasing.discard(run.shard)
             await self._announce_leases()
             logger.info("handed over shard %s", run.shard)
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("could not release shard %s (%s); it frees in %.0fs", run.shard,
                            exc, self.config.lease_ttl_s)
 
@@ -370,7 +405,7 @@ class Producer:
         mode, index = shard
         manager = self.config.manager(mode)
         env_ids = list(manager.envs_of_shard(index))
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = transaction(self.redis)
         pipe.hmget(self.keys.cursor(mode), [str(e) for e in env_ids])
         pipe.get(self.keys.val_round)
         cursors, val_round = await pipe.execute()
@@ -536,6 +571,6 @@ class Producer:
             await self._announce_leases()  # the others take the shards over now
             logger.info("producer %s stopped: %d committed, %d leases released",
                         self.producer_id, self.committed, released)
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("producer %s: could not release leases (%s); they expire in %.0fs",
                            self.producer_id, exc, self.config.lease_ttl_s)

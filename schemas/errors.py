@@ -35,3 +35,8 @@ class RunConflict(ConfigError):
 
 class VersionConflict(RollstreamError):
     """`publish_version(v)` when the run is not at v - 1 (nor already at v)."""
+
+
+class NotReplicated(RollstreamError):
+    """A write the primary made that fewer than `min_replicas` replicas confirmed in time
+    (WAIT): it does not count as acknowledged; sending it again is safe."""

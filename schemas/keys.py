@@ -61,6 +61,10 @@ class Keys:
         return f"{self.prefix}:stop"
 
     @property
+    def wait_mark(self) -> str:  # string int: bumped right before each WAIT for replicas
+        return f"{self.prefix}:wait_mark"
+
+    @property
     def dead(self) -> str:  # stream: entries that failed to decode, with the reason
         return f"{self.prefix}:dead"
 
