@@ -168,6 +168,7 @@ class Batcher:
         self.claim_idle_ms = claim_idle_ms
         self.read_count = read_count
         self.write_timeout_s = write_timeout_s
+        self.unreplicated = 0  # acks and version publishes whose WAIT for replicas fell short
         self.version = 0
         self.totals: dict[str, float] = defaultdict(float)
         self._states = {mode: self._new_state(mode) for mode in config.modes()}
@@ -631,6 +632,7 @@ class Batcher:
                 if short is None:
                     backoff.reset()
                     return replies[:size]
+                self.unreplicated += 1
                 problem: Exception = NotReplicated(f"{what} not acknowledged: {short}")
             except REDIS_ERRORS as exc:
                 if not is_transient(exc):

@@ -13,17 +13,18 @@ import time
 
 from schemas.backoff import Backoff
 from schemas.keys import Keys
-from schemas.redisconn import (
-    REDIS_ERRORS,
-    AsyncClient,
-    ControlSubscription,
-    queue_smembers,
-    transaction,
-)
+from schemas.redisconn import REDIS_ERRORS, AsyncClient, ControlSubscription
 
 logger = logging.getLogger(__name__)
 
 LEASES_MESSAGE = b"leases"  # on the control channel: rebalance shards now
+
+# One atomic read of the control keys (a script, not MULTI: see schemas.redisconn.ops).
+CONTROL_LUA = """
+-- KEYS: version, pause, val_round, stop
+return {redis.call('GET', KEYS[1]) or '0', redis.call('SMEMBERS', KEYS[2]),
+        redis.call('GET', KEYS[3]) or '0', redis.call('EXISTS', KEYS[4])}
+"""
 
 
 class ControlState:
@@ -67,18 +68,15 @@ class ControlWatcher:
         self.state = state
         self.poll_interval_s = poll_interval_s
         self.wake_every_s = wake_every_s
+        self._read = redis.register_script(CONTROL_LUA)
         self._poke = asyncio.Event()
         self.leases_changed = asyncio.Event()  # a producer joined, left or handed a shard over
         self.subscribed = asyncio.Event()  # the control channel is being listened to
 
     async def refresh(self) -> None:
         keys = self._keys
-        pipe = transaction(self._redis)
-        pipe.get(keys.version)
-        queue_smembers(pipe, keys.pause)
-        pipe.get(keys.val_round)
-        pipe.exists(keys.stop)
-        version, paused, val_round, stop = await pipe.execute()
+        version, paused, val_round, stop = await self._read(
+            keys=[keys.version, keys.pause, keys.val_round, keys.stop])
         self.state.update(
             int(version or 0),
             frozenset(p.decode() if isinstance(p, bytes) else p for p in paused),

@@ -27,7 +27,7 @@ from producers.weights import WeightsFollower, takes_weights
 from schemas.backoff import Backoff
 from schemas.codec import encode_trajectory
 from schemas.config import RolloutConfig
-from schemas.errors import ConfigError, PolicyError, RedisSetupError
+from schemas.errors import ConfigError, PolicyError, RedisSetupError, WorkerFailure
 from schemas.keys import Keys
 from schemas.protocol import Schedule
 from schemas.redisconn import (
@@ -41,7 +41,6 @@ from schemas.redisconn import (
     is_auth_error,
     mask_url,
     publish,
-    transaction,
 )
 
 logger = logging.getLogger(__name__)
@@ -120,7 +119,7 @@ class Producer:
             logger.error("producer %s: the published config cannot run: %s",
                          self.producer_id, exc)
             return 1
-        except (PolicyError, RedisSetupError) as exc:
+        except (PolicyError, RedisSetupError, WorkerFailure) as exc:
             logger.error("producer %s: %s", self.producer_id, exc)
             return 1
         return 0
@@ -263,7 +262,7 @@ class Producer:
         logger.info("producer %s: serving run %s at %s (%s)", self.producer_id, self.keys.run,
                     mask_url(self.redis_url), self.owner.current)
         try:
-            await self._lease_loop()
+            await self._lease_loop(background)
         finally:
             await self._shutdown(background)
             close = getattr(self.policy, "close", None)
@@ -301,11 +300,12 @@ class Producer:
         return [(mode, s) for mode in self.config.modes()
                 for s in range(self.config.manager(mode).num_shards)]
 
-    async def _lease_loop(self) -> None:
+    async def _lease_loop(self, background: list[asyncio.Task[None]]) -> None:
         assert self._stop is not None
         backoff = Backoff(name="lease heartbeat")
         interval = self.config.lease_ttl_s / 3
         while not self._stop.is_set():
+            self._check_background(background)
             if self.state.stopped:
                 logger.warning("run %s was stopped (rollstream stop); exiting; a trainer that "
                                "starts the run again resumes it", self.keys.run)
@@ -327,6 +327,16 @@ class Producer:
             self._short_streak = self._short_streak + 1 if short else 0
             wait_s = SHORT_RECHECK_S * 2 ** (self._short_streak - 1) if short else interval
             await self._wait_rebalance(min(interval, wait_s))
+
+    @staticmethod
+    def _check_background(background: list[asyncio.Task[None]]) -> None:
+        """A background loop ended on an error of its own (not a Redis error, which it
+        retries): stop rather than run on without control updates or commits."""
+        for task in background:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                name = getattr(task.get_coro(), "__qualname__", task.get_name())
+                raise WorkerFailure(f"{name} failed: {type(exc).__name__}: {exc}") from exc
 
     async def _wait_rebalance(self, timeout_s: float) -> None:
         """Until the next heartbeat, or sooner when another producer changes the leases."""
@@ -405,10 +415,7 @@ class Producer:
         mode, index = shard
         manager = self.config.manager(mode)
         env_ids = list(manager.envs_of_shard(index))
-        pipe = transaction(self.redis)
-        pipe.hmget(self.keys.cursor(mode), [str(e) for e in env_ids])
-        pipe.get(self.keys.val_round)
-        cursors, val_round = await pipe.execute()
+        cursors, val_round = await self.leases.read_start(mode, env_ids)
         slots = []
         for env_id, cursor in zip(env_ids, cursors, strict=True):
             group = manager.group_of_env(env_id)
@@ -417,7 +424,7 @@ class Producer:
                 mode=mode, env_id=env_id, group_id=group, member=manager.member_of_env(env_id),
                 shard=index, tag=tag, env=build_env(self.config, tag),
                 threaded=self.config.env_spec(tag).threaded,
-                k=int(cursor or 0), round=int(val_round or 0) if mode == "val" else 0,
+                k=cursor, round=val_round if mode == "val" else 0,
             ))
         run = ShardRun(shard, slots)
         self.shards[shard] = run

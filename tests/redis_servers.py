@@ -9,7 +9,9 @@
 
 Every server is a real `redis-server` (7.0 or newer: sharded pub/sub and `cluster-port`)
 in its own temporary folder, started with PDEATHSIG so none outlives the test process; the
-context exit SIGKILLs them and removes the folders, also when a test fails.
+context exit SIGKILLs them and removes the folders, also when a test fails. PDEATHSIG follows
+the thread that started a process, so every start (a restart from a test's helper thread
+too) runs on one starter thread that lives until the context exits.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +68,20 @@ def _replicas_online(client: redis.Redis) -> int:
                and value.get("state") == "online")
 
 
+def wait_replicas(primary: Node, count: int, timeout_s: float = 30.0) -> None:
+    """Until `primary` has `count` replicas online (in sync)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with primary.client() as client:
+                if _replicas_online(client) >= count:
+                    return
+        except redis.RedisError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{primary.name} has no {count} replica(s) online after {timeout_s}s")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -79,6 +96,7 @@ class Node:
     port: int
     folder: str
     args: list[str]
+    starter: ThreadPoolExecutor
     process: subprocess.Popen | None = None
 
     @property
@@ -86,10 +104,15 @@ class Node:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
-               self.folder, "--logfile", os.path.join(self.folder, "redis.log"),
-               "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0", *self.args]
-        self.process = spawn(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.args[:1] == ["--sentinel"]:
+            cmd = [self.binary, os.path.join(self.folder, "sentinel.conf"), "--sentinel"]
+        else:
+            cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
+                   self.folder, "--logfile", os.path.join(self.folder, "redis.log"),
+                   "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
+                   *self.args]
+        self.process = self.starter.submit(
+            spawn, cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).result()
 
     def client(self, **options: object) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5,
@@ -130,12 +153,15 @@ class _Servers:
     binary: str
     root: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="rollstream-deploy-"))
     nodes: list[Node] = field(default_factory=list)
+    starter: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="redis-starter"))
 
-    def add(self, args: list[str], port: int | None = None) -> Node:
+    def add(self, args: list[str], port: int | None = None,
+            folder: str | None = None) -> Node:
         port = port or free_port()
-        folder = os.path.join(self.root, str(port))
+        folder = folder or os.path.join(self.root, str(port))
         os.makedirs(folder, exist_ok=True)
-        node = Node(self.binary, port, folder, args)
+        node = Node(self.binary, port, folder, args, self.starter)
         self.nodes.append(node)
         node.start()
         return node
@@ -143,6 +169,7 @@ class _Servers:
     def close(self) -> None:
         for node in self.nodes:
             node.kill()
+        self.starter.shutdown(wait=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -287,6 +314,36 @@ class LocalCluster:
     def kill(self, node: Node) -> None:
         node.kill()
 
+    def rejoin(self, node: Node, primary: Node) -> None:
+        """Start a killed node again (its nodes.conf remembers the cluster): it finds its
+        slots served by `primary` and becomes its replica; returns once in sync."""
+        node.start()
+        node.wait_ready()
+        wait_replicas(primary, 1)
+
+    def node_id(self, node: Node) -> str:
+        with node.client() as client:
+            return str(client.execute_command("CLUSTER", "MYID").decode())
+
+    def move_slot(self, slot: int, source: Node, target: Node) -> None:
+        """Move one slot and its keys live, as README "Moving a run" says: IMPORTING on the
+        target, MIGRATING on the source, MIGRATE the keys, then SETSLOT NODE everywhere."""
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        with target.client() as dst, source.client() as src:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while True:
+                keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+                if not keys:
+                    break
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
+                                    "KEYS", *keys)
+        for node in self.nodes:
+            if node.alive:
+                with node.client() as client:
+                    if client.info("replication").get("role") == "master":
+                        client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
     def close(self) -> None:
         self._servers.close()
 
@@ -319,6 +376,11 @@ class LocalSentinel:
         hosts = ",".join(n.name for n in self.sentinels)
         return f"redis+sentinel://{hosts}/{self.service}/0"
 
+    @property
+    def primary_url(self) -> str:
+        """The first primary's own redis:// URL (a replicated server without sentinels)."""
+        return f"redis://{self.data[0].name}/0"
+
     def start(self) -> LocalSentinel:
         try:
             primary = self._servers.add([])
@@ -340,19 +402,15 @@ class LocalSentinel:
         port = free_port()
         folder = os.path.join(self._servers.root, f"sentinel-{port}")
         os.makedirs(folder)
-        conf = os.path.join(folder, "sentinel.conf")
         quorum = self.sentinel_count // 2 + 1
-        Path(conf).write_text(
+        Path(folder, "sentinel.conf").write_text(
             f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
             f"logfile {os.path.join(folder, 'redis.log')}\n"
             f"sentinel monitor {self.service} 127.0.0.1 {primary.port} {quorum}\n"
             f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
             f"sentinel failover-timeout {self.service} 10000\n"
             f"sentinel parallel-syncs {self.service} 1\n")
-        node = Node(self._servers.binary, port, folder, [])
-        node.process = spawn([self._servers.binary, conf, "--sentinel"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self._servers.nodes.append(node)
+        node = self._servers.add(["--sentinel"], port=port, folder=folder)
         node.wait_ready()
         return node
 
@@ -412,6 +470,15 @@ class LocalSentinel:
 
     def kill(self, node: Node) -> None:
         node.kill()
+
+    def rejoin(self, node: Node, primary: Node) -> None:
+        """Start a killed data node again as a replica of `primary` (as an operator restarts
+        the old primary with the current topology; the sentinels would also convert it, but
+        only at their next 10 s INFO round); returns once in sync."""
+        node.args = ["--replicaof", "127.0.0.1", str(primary.port)]
+        node.start()
+        node.wait_ready()
+        wait_replicas(primary, 1)
 
     def close(self) -> None:
         self._servers.close()

@@ -27,7 +27,6 @@ from schemas.redisconn.ops import (
     publish,
     queue_publish,
     queue_script,
-    queue_smembers,
     server_ms,
     transaction,
 )
@@ -69,7 +68,6 @@ __all__ = [
     "publish",
     "queue_publish",
     "queue_script",
-    "queue_smembers",
     "run_client",
     "server_ms",
     "sync_client",

@@ -8,9 +8,12 @@ waits for replicas, which node holds a run, and which errors a retry can cure.
   the shard that holds its slot instead of going to every node; a pipeline is split by node
   and each node's part travels on one connection. redis-py refuses `evalsha` and `publish`
   on a cluster pipeline (blocked methods); `execute_command("EVALSHA", ...)` routes by the
-  script's keys like any keyed command. Its async cluster MULTI fails on `smembers` (the
-  reply callback is handed a `keys` argument it does not take: redis-py 7.4 to 8.1):
-  `queue_smembers` sends the command without it.
+  script's keys like any keyed command. Its asyncio cluster MULTI is not usable (redis-py
+  7.4 to 8.1): it fails on `smembers` (the reply callback is handed a `keys` argument it
+  does not take), and it queues each command by running the cluster client on a new event
+  loop in a thread, which breaks once the client must refresh its slot map after a failover
+  ("attached to a different loop"). asyncio code reads atomically with a script instead;
+  `transaction` refuses an asyncio cluster client.
 
 Every key of a run shares the run's hash tag, so on a cluster a run lives on the one node
 that owns its slot; MULTI, scripts and WAIT all run there.
@@ -88,13 +91,12 @@ def queue_publish(pipe: Any, channel: str, message: bytes) -> None:
 
 
 def transaction(client: Any) -> Any:
-    """A MULTI/EXEC pipeline. Every key in it must be one run's (one slot on a cluster)."""
+    """A MULTI/EXEC pipeline of a sync client. Every key in it must be one run's (one slot on
+    a cluster). asyncio code uses a script (see the module doc)."""
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        raise TypeError("an asyncio RedisCluster's MULTI is not usable here; read or write "
+                        "atomically with a script")
     return client.pipeline(transaction=True)
-
-
-def queue_smembers(pipe: Any, key: str) -> None:
-    """SMEMBERS in a pipeline or MULTI (see the module doc for why not `pipe.smembers`)."""
-    pipe.execute_command("SMEMBERS", key)
 
 
 def queue_script(pipe: Any, sha: str, keys: list[str], args: list[Any]) -> None:
@@ -195,11 +197,14 @@ class ReplicaWait:
 
     `queue(pipe)` goes at the end of a pipeline: an INCR of the run's wait mark, then WAIT,
     on the same connection as the writes before it (WAIT is refused inside a script and does
-    not block inside MULTI). The INCR is a write every replica must receive after everything
-    the primary did before, so the WAIT also covers a write whose reply was lost and a resend
-    answered DUPLICATE that wrote nothing. On a cluster both go to the node that owns the
-    run's slot, in that node's part of the pipeline (one connection); if the owner changed
-    while the pipeline ran (a redirect), the count is not trusted."""
+    not block inside MULTI). WAIT counts replicas that have the connection's last write;
+    the INCR is a write every replica must receive after everything the primary did before,
+    so the WAIT also covers a write whose reply was lost (made on another connection) when
+    the resend, answered DUPLICATE, wrote nothing. (Redis up to 7.0 stamps that offset after
+    any command, which covers it too; the mark does not depend on it.) On a cluster both go
+    to the node that owns the run's slot, in that node's part of the pipeline (one
+    connection); if the owner changed while the pipeline ran (a redirect), the count is not
+    trusted."""
 
     def __init__(self, client: Any, keys: Keys, replicas: int, timeout_ms: int):
         self.client = client
