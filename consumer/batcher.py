@@ -281,7 +281,9 @@ class Batcher:
         state.round_started = False
         while True:
             try:
-                return self._get_batch(state, n, wanted, started, deadline, timeout_s)
+                batch = self._get_batch(state, n, wanted, started, deadline, timeout_s)
+                self.owner.note(self.redis)  # a redirect followed quietly: one line
+                return batch
             except REDIS_ERRORS as exc:
                 if isinstance(exc, redis_lib.ResponseError) and "NOGROUP" in str(exc):
                     logger.warning("consumer groups missing (Redis lost its data?); recreating")

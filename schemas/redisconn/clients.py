@@ -64,6 +64,14 @@ def _says_cluster(info: dict[str, Any]) -> bool:
     return str(info.get("cluster_enabled", "0")) == "1"
 
 
+def _refused_database(url: str, exc: ResponseError) -> RedisUrlError | None:
+    """A cluster node refuses the SELECT of a URL with a database other than 0."""
+    if "SELECT is not allowed in cluster mode" not in str(exc):
+        return None
+    return RedisUrlError(f"Redis URL {mask_url(url)!r} names a Redis Cluster node: a cluster "
+                         "has only database 0, drop the /N")
+
+
 # -- sync ------------------------------------------------------------------------------------
 def sync_client(url: str, **options: Any) -> SyncClient:
     """redis-py's client for the deployment at `url` (checked; see the module doc)."""
@@ -72,8 +80,12 @@ def sync_client(url: str, **options: Any) -> SyncClient:
     if is_sentinel_url(url):
         return _sentinel_sync(url, options)
     client = redis.Redis.from_url(url, **options)
-    if is_unix_url(url) or not _is_cluster_node(client):
-        return client
+    try:
+        if is_unix_url(url) or not _is_cluster_node(client):
+            return client
+    except ResponseError as exc:
+        client.close()
+        raise _refused_database(url, exc) or exc from None
     client.close()
     try:
         return redis.cluster.RedisCluster.from_url(url, **options)
@@ -81,13 +93,19 @@ def sync_client(url: str, **options: Any) -> SyncClient:
         raise _cluster_error(url, exc) from None
 
 
+def _info_refused(exc: ResponseError) -> bool:
+    """INFO denied by an ACL or renamed away: then it is no cluster node a client could use
+    (a cluster client needs CLUSTER SLOTS anyway)."""
+    return str(exc).startswith(("NOPERM", "unknown command"))
+
+
 def _is_cluster_node(client: redis.Redis) -> bool:
     try:
         return _says_cluster(client.info("cluster"))
-    except ResponseError as exc:  # INFO refused (an ACL): a cluster client could not work
-        if is_auth_error(exc):
-            raise
-        return False
+    except ResponseError as exc:
+        if _info_refused(exc):
+            return False
+        raise
 
 
 def _sentinel_sync(url: str, options: dict[str, Any]) -> redis.Redis:
@@ -157,6 +175,9 @@ async def async_client(url: str, **options: Any) -> AsyncClient:
         return client
     try:
         cluster = await _is_cluster_node_async(client)
+    except ResponseError as exc:
+        await client.aclose()
+        raise _refused_database(url, exc) or exc from None
     except BaseException:
         await client.aclose()
         raise
@@ -181,9 +202,9 @@ async def _is_cluster_node_async(client: redis.asyncio.Redis) -> bool:
     try:
         return _says_cluster(await client.info("cluster"))
     except ResponseError as exc:
-        if is_auth_error(exc):
-            raise
-        return False
+        if _info_refused(exc):
+            return False
+        raise
 
 
 def _sentinel_async(url: str, options: dict[str, Any]) -> redis.asyncio.Redis:

@@ -119,17 +119,18 @@ def server_ms(client: Any, key: str) -> int:
 
 # -- where a run lives -----------------------------------------------------------------------
 def owner(client: Any, key: str) -> str:
-    """`host:port` of the server that holds `key` as this client knows it now (no round
-    trip: a cluster client's slot map, a Sentinel pool's last primary)."""
+    """`host:port` of the server that holds `key` as this client knows it now, "" when it
+    knows none yet (no round trip: a cluster client's slot map, a Sentinel pool's last
+    primary)."""
     if is_cluster(client):
         try:
             return str(client.get_node_from_key(key).name)
         except SlotNotCoveredError:
-            return "no node (slot not covered)"
+            return ""
     pool = getattr(client, "connection_pool", None)
     if isinstance(pool, SENTINEL_POOLS):
         address = pool.master_address
-        return f"{address[0]}:{address[1]}" if address else f"primary of {pool.service_name}"
+        return f"{address[0]}:{address[1]}" if address else ""
     options = client.get_connection_kwargs()
     return str(options.get("path") or f"{options.get('host')}:{options.get('port')}")
 
@@ -144,6 +145,8 @@ class OwnerWatch:
 
     def note(self, client: Any) -> None:
         now = owner(client, self.keys.prefix)
+        if not now:
+            return  # not known right now (a slot in failover, no connection yet)
         if self.current is not None and now != self.current:
             logger.warning("%s: run %s is now served by %s (was %s)", self.who, self.keys.run,
                            now, self.current)
@@ -270,7 +273,7 @@ class ControlSubscription:
             message = await self._pubsub.get_message(timeout=timeout_s)
         else:
             now = owner(self.client, self.channel)
-            if now != self._node:
+            if now and now != self._node:
                 raise ConnectionError(f"the run's channel moved from {self._node} to {now}")
             message = await self._pubsub.get_sharded_message(ignore_subscribe_messages=True,
                                                              timeout=timeout_s)
