@@ -15,6 +15,7 @@ travels in a query option: it belongs in the user part or `ROLLSTREAM_REDIS_PASS
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,15 +78,19 @@ def check_url(url: str | None) -> str:
     return url
 
 
-def _allowed_options(connection_class: type) -> set[str]:
-    """Query options a connection of this class takes (its constructors' parameters)."""
+@functools.cache
+def _allowed_options(connection_class: type) -> frozenset[str]:
+    """Query options a connection of this class takes (its constructors' parameters).
+    redis-py's own classes only: `object.__init__`'s signature would be parsed from text
+    with `ast`, which CPython 3.11 cannot do in two threads at once (producer threads)."""
     names = set(URL_QUERY_ARGUMENT_PARSERS)
     for cls in inspect.getmro(connection_class):
         init = cls.__dict__.get("__init__")
-        if init is not None:
+        if init is not None and cls.__module__.startswith("redis"):
             names.update(p for p in inspect.signature(init).parameters
                          if p not in ("self", "args", "kwargs"))
-    return names - {"password", "username", "host", "port", "path", "connection_class"}
+    return frozenset(names - {"password", "username", "host", "port", "path",
+                              "connection_class"})
 
 
 def _check_options(url: str, connection_class: type) -> None:
