@@ -5,6 +5,11 @@ enough groups are complete, then returns the oldest-episode-first complete group
 never holds back groups that are done. Entries stay pending until `ack`, so a trainer that
 dies before acking gets the same batch from a restarted Batcher (its own pending entries are
 read again with id 0, and the handed-out batch is recorded under `{RUN}:inflight:...`).
+
+The client may be a `Redis`, a `RedisCluster`, a Sentinel-made client or a URL; connection
+errors, failovers and slots on the move are retried with backoff (`get_batch` until its
+timeout, `ack` and `publish_version` for `write_timeout_s`), and with `min_replicas` an ack
+or a version publish returns only once replicas have it.
 """
 
 from __future__ import annotations
@@ -26,10 +31,28 @@ from consumer.metrics import BatcherStats, batcher_families, batcher_record
 from schemas.backoff import Backoff
 from schemas.codec import ENTRY_FIELD, decode_trajectory, pack, unpack
 from schemas.config import RolloutConfig
-from schemas.errors import BatchTimeout, ConfigError, DecodeError, RunConflict, VersionConflict
+from schemas.errors import (
+    BatchTimeout,
+    ConfigError,
+    DecodeError,
+    NotReplicated,
+    RunConflict,
+    VersionConflict,
+)
 from schemas.keys import CONSUMER_GROUP, Keys
 from schemas.liveness import live_producers
 from schemas.protocol import Schedule
+from schemas.redisconn import (
+    REDIS_ERRORS,
+    OwnerWatch,
+    ReplicaWait,
+    SyncClient,
+    is_transient,
+    publish,
+    queue_publish,
+    run_client,
+    transaction,
+)
 from schemas.stats import STATS_KEEP_S, MetricsServer, serve_metrics
 
 logger = logging.getLogger(__name__)
@@ -111,13 +134,15 @@ class Batcher:
     """Turns the trajectory streams of a run into batches for the trainer.
 
     `Batcher(redis_client, config, run="exp1")` publishes the config (producers read it from
-    Redis) and creates the consumer groups. Several batchers can split the groups:
-    `index=i, count=n` takes groups with `g % n == i`.
+    Redis) and creates the consumer groups. `redis_client` is a `Redis`, a `RedisCluster`, a
+    Sentinel-made client or a URL (a plain `Redis` of a cluster node is made a cluster
+    client). Several batchers can split the groups: `index=i, count=n` takes groups with
+    `g % n == i`.
     """
 
     def __init__(
         self,
-        redis: redis_lib.Redis,
+        redis: SyncClient | str,
         config: RolloutConfig,
         run: str = "rollstream",
         *,
@@ -128,20 +153,25 @@ class Batcher:
         claim_idle_ms: int = 30_000,
         read_count: int = 256,
         publish_config: bool = True,
+        write_timeout_s: float = 60.0,
     ):
-        if redis.connection_pool.connection_kwargs.get("decode_responses"):
-            raise ConfigError("Batcher needs a Redis client with decode_responses=False "
-                              "(messages are msgpack bytes)")
         if not 0 <= index < count:
             raise ConfigError(f"batcher index {index} must be in [0, {count})")
-        self.redis = redis
+        client = run_client(redis, socket_timeout=30, socket_connect_timeout=5)
+        self._owns_client = client is not redis
+        if client.get_connection_kwargs().get("decode_responses"):
+            raise ConfigError("Batcher needs a Redis client with decode_responses=False "
+                              "(messages are msgpack bytes)")
+        self.redis: Any = client
         self.config = config
         self.keys = Keys(run)
         self.index, self.count = index, count
         self.consumer = consumer or f"batcher-{index}"
-        self.block_ms = self._fit_block(redis, block_ms)
+        self.block_ms = self._fit_block(client, block_ms)
         self.claim_idle_ms = claim_idle_ms
         self.read_count = read_count
+        self.write_timeout_s = write_timeout_s
+        self.unreplicated = 0  # acks and version publishes whose WAIT for replicas fell short
         self.version = 0
         self.totals: dict[str, float] = defaultdict(float)
         self.stats = BatcherStats()  # counters for /metrics and the state record
@@ -150,8 +180,11 @@ class Batcher:
         self._last_claim = 0.0
         self._owns_config = publish_config
         self._last_weights: tuple[int, bytes] | None = None  # put back if Redis loses them
-        self._publish = redis.register_script(PUBLISH_LUA)
-        self._record_hand_out = redis.register_script(HAND_OUT_LUA)
+        self._record_hand_out = client.register_script(HAND_OUT_LUA)
+        self._replicas = ReplicaWait(client, self.keys, config.min_replicas,
+                                     config.replica_timeout_ms)
+        self.owner = OwnerWatch(self.keys, f"batcher {self.consumer}")
+        self.owner.note(client)
         self._check_published_config()
         if publish_config:
             self._publish_config()
@@ -159,10 +192,16 @@ class Batcher:
         self.version = int(self.redis.get(self.keys.version) or 0)
 
     # -- setup -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the client, if the Batcher made it (from a URL, or a cluster client for a
+        plain client of a cluster node); a client passed in is the caller's to close."""
+        if self._owns_client:
+            self.redis.close()
+
     @staticmethod
-    def _fit_block(redis: redis_lib.Redis, block_ms: int) -> int:
+    def _fit_block(redis: SyncClient, block_ms: int) -> int:
         """BLOCK must end before the client's socket timeout, or the read looks like a hang."""
-        timeout = redis.connection_pool.connection_kwargs.get("socket_timeout")
+        timeout = redis.get_connection_kwargs().get("socket_timeout")
         if timeout:
             block_ms = min(block_ms, max(1, int(timeout * 1000 * 0.8)))
         return max(1, block_ms)
@@ -195,12 +234,12 @@ class Batcher:
         """Publish the config (producers read it) and start or resume the run: a run that
         was stopped (`rollstream stop`) runs again."""
         keys = self.keys
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = transaction(self.redis)
         pipe.set(keys.config, self.config.to_json())
         pipe.setnx(keys.version, self.version)
         pipe.setnx(keys.val_round, 0)
         pipe.delete(keys.stop)
-        pipe.publish(keys.control, b"version")
+        queue_publish(pipe, keys.control, b"version")
         pipe.execute()
 
     def _sync_version(self) -> None:
@@ -269,19 +308,23 @@ class Batcher:
         backoff = Backoff(name=f"batcher {self.consumer}")
         while True:
             try:
-                return self._get_batch(state, n, wanted, started, deadline, timeout_s)
-            except redis_lib.ResponseError as exc:
-                if "NOGROUP" not in str(exc):
+                batch = self._get_batch(state, n, wanted, started, deadline, timeout_s)
+                self.owner.note(self.redis)  # a redirect followed quietly: one line
+                return batch
+            except REDIS_ERRORS as exc:
+                if isinstance(exc, redis_lib.ResponseError) and "NOGROUP" in str(exc):
+                    logger.warning("consumer groups missing (Redis lost its data?); recreating")
+                    self._create_groups()
+                    continue
+                if not is_transient(exc):
                     raise
-                logger.warning("consumer groups missing (Redis lost its data?); recreating")
-                self._create_groups()
-            except (redis_lib.ConnectionError, redis_lib.TimeoutError) as exc:
                 state.recovered = False  # a read may have been delivered and lost: re-read
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise BatchTimeout(f"get_batch(mode={mode!r}) timed out after "
                                        f"{timeout_s:g}s: Redis unreachable: {exc}") from None
                 backoff.sleep_sync(f"read failed: {exc}", max_s=remaining)
+                self.owner.note(self.redis)
 
     def _get_batch(self, state: ModeState, n: int, wanted: int, started: float,
                    deadline: float, timeout_s: float) -> Batch:
@@ -309,11 +352,14 @@ class Batcher:
             return self._hand_out(state, wanted, time.monotonic() - started)
 
     def ack(self, batch: Batch) -> None:
-        """The trainer is done with `batch`: its entries are acked and deleted."""
-        pipe = self.redis.pipeline(transaction=False)
-        self._queue_drop(pipe, batch.entries)
-        pipe.delete(self.keys.inflight(batch.mode, self.consumer))
-        pipe.execute()
+        """The trainer is done with `batch`: its entries are acked and deleted (retried through
+        a failover; with `min_replicas`, on replicas before it returns)."""
+
+        def queue(pipe: Any) -> None:
+            self._queue_drop(pipe, batch.entries)
+            pipe.delete(self.keys.inflight(batch.mode, self.consumer))
+
+        self._durable_write(f"ack of a {batch.mode} batch", queue)
         self._states[batch.mode].handed.difference_update(batch.entries)
 
     def publish_version(self, version: int | None = None, weights: bytes | None = None) -> int:
@@ -330,10 +376,13 @@ class Batcher:
                 f"publish_version: weights of {len(weights) / 2**20:.1f} MB exceed the "
                 f"{MAX_WEIGHTS_BYTES // 2**20} MB a Redis value may hold here; save a checkpoint "
                 "and have the inference servers load it instead")
-        code, current = self._publish(
-            keys=[keys.version, keys.weights(version), keys.weights(version - WEIGHTS_KEPT)],
-            args=[version, 1 if weights is not None else 0, weights if weights is not None
-                  else b""])
+        script_keys = [keys.version, keys.weights(version), keys.weights(version - WEIGHTS_KEPT)]
+        args = [version, 1 if weights is not None else 0, weights if weights is not None else b""]
+        (reply,) = self._durable_write(
+            f"publish of version {version}",
+            lambda pipe: pipe.execute_command("EVAL", PUBLISH_LUA, len(script_keys),
+                                              *script_keys, *args))
+        code, current = reply
         if int(code) < 0:
             raise VersionConflict(
                 f"publish_version({version}): the run {keys.run!r} is at version {int(current)}; "
@@ -348,7 +397,7 @@ class Batcher:
         """Tell every producer of the run to exit (a deliberate end of the run; a trainer
         that publishes the config again clears it)."""
         self.redis.set(self.keys.stop, 1)
-        self.redis.publish(self.keys.control, b"stop")
+        publish(self.redis, self.keys.control, b"stop")
 
     # -- the state record (rollstream status) ------------------------------------------------
     def _record_waiting(self, state: ModeState, wanted: int, started: float) -> None:
@@ -391,19 +440,19 @@ class Batcher:
         run while any batcher waits; admission holds them to the current version)."""
         if not self.config.is_sync:
             return
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = transaction(self.redis)
         pipe.srem(self.keys.sync_handed, self.index)
         pipe.srem(self.keys.pause, "sync")
-        pipe.publish(self.keys.control, b"pause")
+        queue_publish(pipe, self.keys.control, b"pause")
         pipe.execute()
 
     def _start_val_round(self, state: ModeState) -> None:
-        pipe = self.redis.pipeline(transaction=True)
+        pipe = transaction(self.redis)
         pipe.incr(self.keys.val_round)
         pipe.delete(self.keys.cursor("val"))
         state.round = int(pipe.execute()[0])
         state.round_started = True
-        self.redis.publish(self.keys.control, b"val_round")
+        publish(self.redis, self.keys.control, b"val_round")
         old = [slot for key, slot in state.groups.items() if key[0] != state.round]
         self._drop_groups(state, old, counter=None)
         state.finished.clear()  # older rounds' entries are discarded by their round number
@@ -585,7 +634,7 @@ class Batcher:
                     keys=[self.keys.inflight(state.mode, self.consumer), self.keys.sync_handed,
                           self.keys.pause],
                     args=[record, 1 if self.config.is_sync else 0, self.index, self.count])
-            except redis_lib.RedisError:
+            except REDIS_ERRORS:
                 for item, _ in chosen:  # nothing handed out: the groups stay ready
                     heapq.heappush(state.ready, item)
                 raise
@@ -608,7 +657,7 @@ class Batcher:
                 self._drop_entries(late)
             if state.mode == "val":
                 self.ack(batch)  # a val round can be asked for again; nothing to redeliver
-        except redis_lib.RedisError as exc:  # they stay pending; a restart cleans them up
+        except REDIS_ERRORS as exc:  # they stay pending; a restart cleans them up
             logger.warning("could not drop %d handed-out %s entries: %s", len(late), state.mode,
                            exc)
         return batch
@@ -617,9 +666,44 @@ class Batcher:
     def _notify(self, message: bytes) -> None:
         """Wake the producers early; they also poll, so a lost message only costs a poll."""
         try:
-            self.redis.publish(self.keys.control, message)
-        except redis_lib.RedisError as exc:
+            publish(self.redis, self.keys.control, message)
+        except REDIS_ERRORS as exc:
             logger.warning("could not notify producers (%s); they notice on their next poll", exc)
+
+    def _durable_write(self, what: str, queue: Any) -> list[Any]:
+        """Send the commands `queue(pipe)` puts in a pipeline and return their replies; with
+        `min_replicas`, a WAIT follows them on the same connection. Connection errors, a
+        failover and a WAIT that falls short are retried with backoff (every caller's
+        commands are safe to repeat) for up to `write_timeout_s`, then raised
+        (`NotReplicated` for missing replicas)."""
+        deadline = time.monotonic() + self.write_timeout_s
+        backoff = Backoff(name=f"batcher {self.consumer}")
+        while True:
+            pipe = self.redis.pipeline(transaction=False)
+            queue(pipe)
+            size = len(pipe)
+            sent_to = self._replicas.queue(pipe) if self._replicas.enabled else None
+            try:
+                replies = pipe.execute(raise_on_error=False)
+                for reply in replies[:size]:
+                    if isinstance(reply, Exception):
+                        raise reply
+                short = (self._replicas.shortfall(sent_to, replies) if self._replicas.enabled
+                         else None)
+                if short is None:
+                    backoff.reset()
+                    return replies[:size]
+                self.unreplicated += 1
+                problem: Exception = NotReplicated(f"{what} not acknowledged: {short}")
+            except REDIS_ERRORS as exc:
+                if not is_transient(exc):
+                    raise
+                problem = exc
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise problem
+            backoff.sleep_sync(f"{what}: {problem}", max_s=remaining)
+            self.owner.note(self.redis)
 
     def _count(self, state: ModeState, name: str, amount: float = 1) -> None:
         state.counters[name] += amount  # reported with the next batch

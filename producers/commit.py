@@ -5,6 +5,13 @@ producer (fencing), check the run is not paused (train) or that the val round is
 then for each trajectory XADD it to its group stream and advance the env's cursor, unless the
 cursor is already past that episode (a replay: nothing twice). All flushes of one loop
 iteration travel in one pipeline, so a busy producer pays one round trip for many commits.
+
+With `min_replicas` the pipeline ends with a WAIT for replicas on the same connection
+(`ReplicaWait`); when it falls short, the flush's commits are not acknowledged: the env
+tasks keep waiting and the trajectories are sent again with backoff (the resend is answered
+DUPLICATE, the cursor being past them, and waits for replicas again) until replicas have
+them. A run whose primary has too few replicas holds here instead of acknowledging writes a
+failover could lose.
 """
 
 from __future__ import annotations
@@ -15,12 +22,13 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 
 from schemas.backoff import Backoff
 from schemas.codec import ENTRY_FIELD
+from schemas.errors import NotReplicated
 from schemas.keys import Keys
+from schemas.redisconn import REDIS_ERRORS, AsyncClient, ReplicaWait, queue_script
 
 logger = logging.getLogger(__name__)
 
@@ -72,20 +80,24 @@ class PendingCommit:
     stream: str
     data: bytes
     future: asyncio.Future[Outcome] = field(repr=False)
+    landed: bool = False  # a send was answered COMMITTED (not yet acknowledged by replicas)
 
 
 class Committer:
     """Collects commits from many env tasks and flushes them in one pipeline per iteration."""
 
-    def __init__(self, redis: Redis, keys: Keys, producer_id: str, *, max_batch: int = 512):
+    def __init__(self, redis: AsyncClient, keys: Keys, producer_id: str, *,
+                 max_batch: int = 512, replicas: ReplicaWait | None = None):
         self._redis = redis
         self._keys = keys
         self._producer_id = producer_id
         self._max_batch = max_batch
+        self._replicas = replicas if replicas is not None and replicas.enabled else None
         self._queue: list[PendingCommit] = []
         self._wakeup = asyncio.Event()
         self._sha: str | None = None
         self.committed = 0
+        self.unreplicated = 0  # flushes whose WAIT for replicas fell short
 
     async def commit(
         self, *, mode: str, shard: int, round: int, env_id: int, episode_id: int,
@@ -113,14 +125,15 @@ class Committer:
             batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
             try:
                 unsent, error = await self._flush(batch)
-            except RedisError as exc:  # the whole pipeline failed
+            except REDIS_ERRORS as exc:  # the whole pipeline failed
                 unsent, error = batch, exc
             if not unsent:
                 backoff.reset()
                 continue
             # keep order; a resend of one that did land is a no-op (the cursor is past it)
             self._queue[:0] = unsent
-            await backoff.sleep(f"commit failed: {error}")
+            await backoff.sleep(str(error) if isinstance(error, NotReplicated)
+                                else f"commit failed: {error}")
 
     def fail_all(self, exc: BaseException) -> None:
         """Wake every waiter with `exc` (used when the producer shuts down)."""
@@ -143,13 +156,14 @@ class Committer:
         for item in batch:
             by_shard.setdefault((item.mode, item.shard, item.round), []).append(item)
         groups = list(by_shard.items())
-        replies = await self._send(await self._load(), groups)
+        replies, short = await self._send(await self._load(), groups)
         retry = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if retry:  # the server restarted and lost its script cache: load again, resend those
             self._sha = None
-            again = await self._send(await self._load(), [groups[i] for i in retry])
+            again, short_again = await self._send(await self._load(), [groups[i] for i in retry])
             for i, reply in zip(retry, again, strict=True):
                 replies[i] = reply
+            short = short or short_again
         unsent: list[PendingCommit] = []
         error: Exception | None = None
         for (_, items), reply in zip(groups, replies, strict=True):
@@ -161,15 +175,32 @@ class Committer:
             if len(codes) == 1 and codes[0] < 0:  # a refusal covers the whole shard
                 codes = codes * len(items)
             for item, code in zip(items, codes, strict=True):
-                outcome = Outcome(code)
-                self.committed += outcome is Outcome.COMMITTED
-                if not item.future.done():
-                    item.future.set_result(outcome)
+                if self._settle(item, Outcome(code), short):
+                    unsent.append(item)
+        if short is not None and unsent and error is None:
+            self.unreplicated += 1
+            error = NotReplicated(f"commits not acknowledged: {short}; holding "
+                                  f"{len(unsent)} trajectories and sending them again")
         return unsent, error
+
+    def _settle(self, item: PendingCommit, outcome: Outcome, short: str | None) -> bool:
+        """Give the env task its outcome; True when the commit waits for replicas (resend)."""
+        if outcome is Outcome.COMMITTED:
+            item.landed = True
+        if short is not None and outcome in (Outcome.COMMITTED, Outcome.DUPLICATE):
+            return True  # in Redis, but not on enough replicas: not acknowledged yet
+        if outcome is Outcome.DUPLICATE and item.landed:
+            outcome = Outcome.COMMITTED  # an earlier send of ours wrote it
+        self.committed += outcome is Outcome.COMMITTED
+        if not item.future.done():
+            item.future.set_result(outcome)
+        return False
 
     async def _send(
         self, sha: str, groups: list[tuple[tuple[str, int, int], list[PendingCommit]]]
-    ) -> list[Any]:
+    ) -> tuple[list[Any], str | None]:
+        """One pipeline: a script call per shard, then (with `min_replicas`) the WAIT.
+        Returns the scripts' replies and why the WAIT fell short (None: replicated)."""
         keys = self._keys
         pipe = self._redis.pipeline(transaction=False)
         for (mode, shard, round_), items in groups:
@@ -178,5 +209,9 @@ class Committer:
             args: list[Any] = [self._producer_id, mode, round_, len(items)]
             for item in items:
                 args += [item.env_id, item.episode_id, item.data]
-            pipe.evalsha(sha, len(script_keys), *script_keys, *args)
-        return await pipe.execute(raise_on_error=False)
+            queue_script(pipe, sha, script_keys, args)
+        if self._replicas is None:
+            return await pipe.execute(raise_on_error=False), None
+        sent_to = self._replicas.queue(pipe)
+        replies = await pipe.execute(raise_on_error=False)
+        return replies[: len(groups)], self._replicas.shortfall(sent_to, replies)

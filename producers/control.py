@@ -2,6 +2,7 @@
 
 Read by polling (every `poll_interval_s`) and woken early by the run's pub/sub channel;
 pub/sub alone is lossy, polling alone is slow, together they are both cheap and prompt.
+On a Redis Cluster the channel is a sharded one (SSUBSCRIBE on the run's node).
 """
 
 from __future__ import annotations
@@ -10,15 +11,20 @@ import asyncio
 import logging
 import time
 
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
-
 from schemas.backoff import Backoff
 from schemas.keys import Keys
+from schemas.redisconn import REDIS_ERRORS, AsyncClient, ControlSubscription
 
 logger = logging.getLogger(__name__)
 
 LEASES_MESSAGE = b"leases"  # on the control channel: rebalance shards now
+
+# One atomic read of the control keys (a script, not MULTI: see schemas.redisconn.ops).
+CONTROL_LUA = """
+-- KEYS: version, pause, val_round, stop
+return {redis.call('GET', KEYS[1]) or '0', redis.call('SMEMBERS', KEYS[2]),
+        redis.call('GET', KEYS[3]) or '0', redis.call('EXISTS', KEYS[4])}
+"""
 
 
 class ControlState:
@@ -55,25 +61,22 @@ class ControlState:
 class ControlWatcher:
     """Keeps a `ControlState` fresh from Redis."""
 
-    def __init__(self, redis: Redis, keys: Keys, state: ControlState, poll_interval_s: float = 0.2,
-                 wake_every_s: float = 2.0):
+    def __init__(self, redis: AsyncClient, keys: Keys, state: ControlState,
+                 poll_interval_s: float = 0.2, wake_every_s: float = 2.0):
         self._redis = redis
         self._keys = keys
         self.state = state
         self.poll_interval_s = poll_interval_s
         self.wake_every_s = wake_every_s
+        self._read = redis.register_script(CONTROL_LUA)
         self._poke = asyncio.Event()
         self.leases_changed = asyncio.Event()  # a producer joined, left or handed a shard over
         self.subscribed = asyncio.Event()  # the control channel is being listened to
 
     async def refresh(self) -> None:
         keys = self._keys
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.get(keys.version)
-        pipe.smembers(keys.pause)
-        pipe.get(keys.val_round)
-        pipe.exists(keys.stop)
-        version, paused, val_round, stop = await pipe.execute()
+        version, paused, val_round, stop = await self._read(
+            keys=[keys.version, keys.pause, keys.val_round, keys.stop])
         self.state.update(
             int(version or 0),
             frozenset(p.decode() if isinstance(p, bytes) else p for p in paused),
@@ -92,7 +95,7 @@ class ControlWatcher:
                 try:
                     await self.refresh()
                     backoff.reset()
-                except RedisError as exc:
+                except REDIS_ERRORS as exc:
                     await backoff.sleep(f"control poll failed: {exc}")
                     continue
                 self._poke.clear()
@@ -108,20 +111,20 @@ class ControlWatcher:
         """Subscribe to the control channel; every message triggers an immediate poll."""
         backoff = Backoff(name="control channel")
         while not stop.is_set():
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            subscription = ControlSubscription(self._redis, self._keys.control)
             try:
-                await pubsub.subscribe(self._keys.control)
+                await subscription.open()
                 self.subscribed.set()
                 backoff.reset()
                 while not stop.is_set():
-                    message = await pubsub.get_message(timeout=1.0)
-                    if message is None:
+                    data = await subscription.get(timeout_s=1.0)
+                    if data is None:
                         continue
-                    if message.get("data") == LEASES_MESSAGE:
+                    if data == LEASES_MESSAGE:
                         self.leases_changed.set()
                     else:
                         self._poke.set()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 await backoff.sleep(f"subscribe failed: {exc}")
             finally:
-                await pubsub.aclose()
+                await subscription.close()

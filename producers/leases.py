@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from schemas.keys import Keys
+from schemas.redisconn import AsyncClient
 
 ShardId = tuple[str, int]  # (mode, shard index)
 
@@ -50,6 +49,13 @@ end
 return n
 """
 
+# What a producer reads when it takes a shard, in one atomic step: its envs' cursors and the
+# val round (a script, not MULTI: see schemas.redisconn.ops).
+START_LUA = """
+-- KEYS: cursor hash, val_round; ARGV: env ids
+return {redis.call('HMGET', KEYS[1], unpack(ARGV)), redis.call('GET', KEYS[2]) or '0'}
+"""
+
 LEAVE_LUA = """
 -- KEYS: producers zset; ARGV: producer id
 return redis.call('ZREM', KEYS[1], ARGV[1])
@@ -84,7 +90,7 @@ class Heartbeat:
 class Leases:
     """The lease operations of one producer."""
 
-    def __init__(self, redis: Redis, keys: Keys, producer_id: str, ttl_s: float):
+    def __init__(self, redis: AsyncClient, keys: Keys, producer_id: str, ttl_s: float):
         self._redis = redis
         self._keys = keys
         self.producer_id = producer_id
@@ -93,6 +99,8 @@ class Leases:
         self._release = redis.register_script(RELEASE_LUA)
         self._leave = redis.register_script(LEAVE_LUA)
         self._report = redis.register_script(REPORT_LUA)
+
+        self._start = redis.register_script(START_LUA)
 
     def key(self, shard: ShardId) -> str:
         return self._keys.lease(*shard)
@@ -113,6 +121,12 @@ class Leases:
             return 0
         return int(await self._release(keys=[self.key(s) for s in shards],
                                        args=[self.producer_id]))
+
+    async def read_start(self, mode: str, env_ids: list[int]) -> tuple[list[int], int]:
+        """The next episode of each env (its cursor, 0 if none) and the val round."""
+        cursors, val_round = await self._start(
+            keys=[self._keys.cursor(mode), self._keys.val_round], args=env_ids)
+        return [int(c or 0) for c in cursors], int(val_round)
 
     async def leave(self) -> None:
         await self._leave(keys=[self._keys.producers], args=[self.producer_id])

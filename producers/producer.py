@@ -17,9 +17,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
-
 from producers.commit import Committer, Outcome
 from producers.control import LEASES_MESSAGE, ControlState, ControlWatcher
 from producers.envs import build_env
@@ -31,10 +28,27 @@ from producers.weights import WeightsFollower, takes_weights
 from schemas.backoff import Backoff
 from schemas.codec import encode_trajectory
 from schemas.config import RolloutConfig
-from schemas.connection import async_client, auth_message, is_auth_error, mask_url
-from schemas.errors import ConfigError, EpisodeFailed, PolicyError, RedisSetupError
+from schemas.errors import (
+    ConfigError,
+    EpisodeFailed,
+    PolicyError,
+    RedisSetupError,
+    WorkerFailure,
+)
 from schemas.keys import Keys
 from schemas.protocol import Schedule
+from schemas.redisconn import (
+    REDIS_ERRORS,
+    AsyncClient,
+    OwnerWatch,
+    RedisUrlError,
+    ReplicaWait,
+    async_client,
+    auth_message,
+    is_auth_error,
+    mask_url,
+    publish,
+)
 from schemas.stats import RECORD_MIN_INTERVAL_S, STATS_KEEP_S, MetricsServer
 
 logger = logging.getLogger(__name__)
@@ -130,11 +144,14 @@ class Producer:
         except asyncio.CancelledError:
             logger.warning("producer %s: forced stop", self.producer_id)
             return 1
+        except RedisUrlError as exc:  # the URL's form is checked before; this is what the
+            logger.error("producer %s: %s", self.producer_id, exc)  # server says of it
+            return 2
         except ConfigError as exc:
             logger.error("producer %s: the published config cannot run: %s",
                          self.producer_id, exc)
             return 1
-        except (PolicyError, RedisSetupError) as exc:
+        except (PolicyError, RedisSetupError, WorkerFailure) as exc:
             logger.error("producer %s: %s", self.producer_id, exc)
             return 1
         return 0
@@ -155,14 +172,17 @@ class Producer:
         if self.handle_signals:
             self._install_signals()
         self._deadline = None if self.seconds is None else time.monotonic() + self.seconds
-        redis = async_client(self.redis_url, socket_timeout=10, socket_connect_timeout=5,
-                             health_check_interval=15)
         try:
-            config = await self._wait_config(redis)
-            if config is not None:
-                await self._serve(redis, config)
+            redis = await self._connect()
+            if redis is None:
+                return
+            try:
+                config = await self._wait_config(redis)
+                if config is not None:
+                    await self._serve(redis, config)
+            finally:
+                await redis.aclose()
         finally:
-            await redis.aclose()
             if self.handle_signals:
                 self._remove_signals()
 
@@ -184,7 +204,23 @@ class Producer:
         logger.info("producer %s: %s, stopping", self.producer_id, signal.Signals(sig).name)
         self._stop.set()
 
-    async def _wait_config(self, redis: Redis) -> RolloutConfig | None:
+    async def _connect(self) -> AsyncClient | None:
+        """A client for the URL's deployment (one server, a cluster, Sentinel), retried while
+        Redis is unreachable; None when stopped first. Wrong credentials end the producer."""
+        assert self._stop is not None
+        backoff = Backoff(name=f"producer {self.producer_id}")
+        while not self._stop.is_set() and not self._out_of_time():
+            try:
+                return await async_client(self.redis_url, socket_timeout=10,
+                                          socket_connect_timeout=5, health_check_interval=15)
+            except REDIS_ERRORS as exc:
+                if is_auth_error(exc):
+                    raise RedisSetupError(auth_message(self.redis_url)) from None
+                await backoff.sleep(f"cannot read the config at {mask_url(self.redis_url)}: "
+                                    f"{exc}")
+        return None
+
+    async def _wait_config(self, redis: AsyncClient) -> RolloutConfig | None:
         """The run's config once a trainer has published it; None when stopped first (or
         `seconds` ran out). Wrong credentials end the producer (`RedisSetupError`)."""
         assert self._stop is not None
@@ -195,7 +231,7 @@ class Producer:
             try:
                 raw = await redis.get(self.keys.config)
                 backoff.reset()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 if is_auth_error(exc):
                     raise RedisSetupError(auth_message(self.redis_url)) from None
                 await backoff.sleep(f"cannot read the config at {where}: {exc}")
@@ -219,7 +255,7 @@ class Producer:
         except asyncio.TimeoutError:
             pass
 
-    async def _serve(self, redis: Redis, config: RolloutConfig) -> None:
+    async def _serve(self, redis: AsyncClient, config: RolloutConfig) -> None:
         assert self._stop is not None
         self.config = config
         self.policy: Policy = self._policy_override or make_policy(config.policy)
@@ -232,9 +268,11 @@ class Producer:
         self.state = ControlState()
         watcher = ControlWatcher(redis, self.keys, self.state, self.poll_interval_s)
         self.watcher = watcher
-        self.committer = Committer(redis, self.keys, self.producer_id)
+        self.committer = Committer(redis, self.keys, self.producer_id, replicas=ReplicaWait(
+            redis, self.keys, config.min_replicas, config.replica_timeout_ms))
         self.leases = Leases(redis, self.keys, self.producer_id, config.lease_ttl_s)
         self.redis = redis
+        self.owner = OwnerWatch(self.keys, f"producer {self.producer_id}")
         self.weights: WeightsFollower | None = None
         if takes_weights(self.policy):
             self.weights = WeightsFollower(redis, self.keys, self.policy, self.state,
@@ -254,10 +292,11 @@ class Producer:
             await asyncio.wait_for(watcher.subscribed.wait(), 5.0)
         except asyncio.TimeoutError:
             logger.warning("control channel not subscribed after 5s; relying on heartbeats")
-        logger.info("producer %s: serving run %s at %s", self.producer_id, self.keys.run,
-                    mask_url(self.redis_url))
+        self.owner.note(redis)
+        logger.info("producer %s: serving run %s at %s (%s)", self.producer_id, self.keys.run,
+                    mask_url(self.redis_url), self.owner.current)
         try:
-            await self._lease_loop()
+            await self._lease_loop(background)
         finally:
             await self._shutdown(background)
             close = getattr(self.policy, "close", None)
@@ -273,7 +312,7 @@ class Producer:
             try:
                 await watcher.refresh()
                 return
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 await backoff.sleep(f"control read failed: {exc}")
 
     async def _first_weights(self) -> None:
@@ -283,7 +322,7 @@ class Producer:
             try:
                 await self.weights.refresh()
                 return
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 await backoff.sleep(f"weights fetch failed: {exc}")
 
     def _acting_version(self) -> int:
@@ -295,11 +334,12 @@ class Producer:
         return [(mode, s) for mode in self.config.modes()
                 for s in range(self.config.manager(mode).num_shards)]
 
-    async def _lease_loop(self) -> None:
+    async def _lease_loop(self, background: list[asyncio.Task[None]]) -> None:
         assert self._stop is not None
         backoff = Backoff(name="lease heartbeat")
         interval = self.config.lease_ttl_s / 3
         while not self._stop.is_set():
+            self._check_background(background)
             if self.state.stopped:
                 logger.warning("run %s was stopped (rollstream stop); exiting; a trainer that "
                                "starts the run again resumes it", self.keys.run)
@@ -313,14 +353,25 @@ class Producer:
                 short = await self._rebalance()
                 await self._report()
                 backoff.reset()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 await backoff.sleep(f"heartbeat failed: {exc}")
                 continue
+            self.owner.note(self.redis)  # one line when the run's node changed
             # short of the share: shards are moving, look again soon (backing off, in case
             # there are simply more producers than shards)
             self._short_streak = self._short_streak + 1 if short else 0
             wait_s = SHORT_RECHECK_S * 2 ** (self._short_streak - 1) if short else interval
             await self._wait_rebalance(min(interval, wait_s))
+
+    @staticmethod
+    def _check_background(background: list[asyncio.Task[None]]) -> None:
+        """A background loop ended on an error of its own (not a Redis error, which it
+        retries): stop rather than run on without control updates or commits."""
+        for task in background:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                exc = task.exception()
+                name = getattr(task.get_coro(), "__qualname__", task.get_name())
+                raise WorkerFailure(f"{name} failed: {type(exc).__name__}: {exc}") from exc
 
     async def _wait_rebalance(self, timeout_s: float) -> None:
         """Until the next heartbeat, or sooner when another producer changes the leases."""
@@ -353,7 +404,7 @@ class Producer:
 
     async def _announce_leases(self) -> None:
         """Tell the other producers to rebalance now (a join, a handover, a departure)."""
-        await self.redis.publish(self.keys.control, LEASES_MESSAGE)
+        await publish(self.redis, self.keys.control, LEASES_MESSAGE)
 
     async def _rebalance(self) -> bool:
         """Heartbeat, drop lost shards, hand over or claim to the fair share. True when short
@@ -395,7 +446,7 @@ class Producer:
             self._releasing.discard(run.shard)
             await self._announce_leases()
             logger.info("handed over shard %s", run.shard)
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("could not release shard %s (%s); it frees in %.0fs", run.shard,
                            exc, self.config.lease_ttl_s)
 
@@ -419,10 +470,7 @@ class Producer:
         mode, index = shard
         manager = self.config.manager(mode)
         env_ids = list(manager.envs_of_shard(index))
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hmget(self.keys.cursor(mode), [str(e) for e in env_ids])
-        pipe.get(self.keys.val_round)
-        cursors, val_round = await pipe.execute()
+        cursors, val_round = await self.leases.read_start(mode, env_ids)
         slots = []
         for env_id, cursor in zip(env_ids, cursors, strict=True):
             group = manager.group_of_env(env_id)
@@ -431,7 +479,7 @@ class Producer:
                 mode=mode, env_id=env_id, group_id=group, member=manager.member_of_env(env_id),
                 shard=index, tag=tag, env=build_env(self.config, tag),
                 threaded=self.config.env_spec(tag).threaded,
-                k=int(cursor or 0), round=int(val_round or 0) if mode == "val" else 0,
+                k=cursor, round=val_round if mode == "val" else 0,
             ))
         self.stats.resumed[mode] += sum(1 for c in cursors if int(c or 0) > 0)
         run = ShardRun(shard, slots)
@@ -625,6 +673,6 @@ class Producer:
             await self.leases.forget()  # left cleanly: not shown as gone
             logger.info("producer %s stopped: %d committed, %d leases released",
                         self.producer_id, self.committed, released)
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("producer %s: could not release leases (%s); they expire in %.0fs",
                            self.producer_id, exc, self.config.lease_ttl_s)

@@ -22,15 +22,13 @@ import logging
 import time
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
-
 from producers.control import ControlState
 from producers.policies import one_line
 from producers.rollout import in_daemon_thread
 from schemas.backoff import Backoff
 from schemas.errors import PolicyError
 from schemas.keys import Keys
+from schemas.redisconn import REDIS_ERRORS, AsyncClient
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +44,7 @@ def takes_weights(policy: Any) -> bool:
 class WeightsFollower:
     """Keeps a policy's weights at the run's version; `run()` is the producer's one task."""
 
-    def __init__(self, redis: Redis, keys: Keys, policy: Any, state: ControlState, *,
+    def __init__(self, redis: AsyncClient, keys: Keys, policy: Any, state: ControlState, *,
                  sync: bool, retry_s: float = 0.2):
         self._redis = redis
         self._keys = keys
@@ -73,7 +71,7 @@ class WeightsFollower:
             try:
                 behind = not await self.refresh()
                 backoff.reset()
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 await backoff.sleep(f"weights fetch failed: {exc}")
                 continue
             except PolicyError as exc:

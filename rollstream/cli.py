@@ -1,6 +1,8 @@
 """The `rollstream` command line.
 
-    rollstream config check FILE [--json]      the env layout of a config
+    rollstream config check FILE [--json] [--redis-url URL --run NAME]
+                                               the env layout of a config (and where the
+                                               run lives on that Redis)
     rollstream config show FILE                the resolved config as YAML
     rollstream up --config FILE [...]          Redis + producers + a trainer loop, locally
     rollstream up --trainer "SCRIPT [ARGS]"    the same with your own trainer script
@@ -23,15 +25,29 @@ import sys
 import time
 from collections.abc import Sequence
 
-import redis
-
 from schemas.config import RolloutConfig, resolve_redis_url, resolve_run
-from schemas.connection import auth_message, check_url, is_auth_error, mask_url, sync_client
 from schemas.errors import ConfigError, RedisSetupError, RollstreamError
 from schemas.keys import Keys
 from schemas.liveness import live_producers
+from schemas.redisconn import (
+    REDIS_ERRORS,
+    SENTINEL_FORM,
+    Location,
+    SyncClient,
+    auth_message,
+    check_url,
+    is_auth_error,
+    locate,
+    mask_url,
+    publish,
+    server_ms,
+    sync_client,
+)
 
 logger = logging.getLogger("rollstream")
+
+
+RUNTIME_FAILURES: tuple[type[Exception], ...] = (RollstreamError, *REDIS_ERRORS)  # exit 1
 
 
 class UsageError(Exception):
@@ -55,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = config_sub.add_parser("check", help="validate a config and print its layout")
     check.add_argument("file")
     check.add_argument("--json", action="store_true", help="print the layout as JSON")
+    check.add_argument("--redis-url", default=None,
+                       help="also say which Redis node would hold the run (and its replicas)")
+    check.add_argument("--run", default=None, help="run name (env ROLLSTREAM_RUN, else the "
+                                                   "config's `run`)")
     show = config_sub.add_parser("show", help="print the resolved config as YAML (what a ROLL "
                                               "file's keys became)")
     show.add_argument("file")
@@ -131,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _redis_args(parser: argparse.ArgumentParser, *, config: bool = True) -> None:
     parser.add_argument("--redis-url", default=None,
-                        help="redis://, rediss:// or unix:// URL (env ROLLSTREAM_REDIS_URL, "
+                        help="redis://, rediss:// or unix:// URL of a server or of any Redis "
+                             f"Cluster node, or {SENTINEL_FORM} (env ROLLSTREAM_REDIS_URL, "
                              "REDIS_URL; password also from ROLLSTREAM_REDIS_PASSWORD)")
     parser.add_argument("--run", default=None, help="run name (env ROLLSTREAM_RUN)")
     if config:
@@ -214,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ConfigError) as exc:
         print(f"rollstream: error: {exc}", file=sys.stderr)
         return 2
-    except (RollstreamError, redis.RedisError) as exc:
+    except RUNTIME_FAILURES as exc:
         print(f"rollstream: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
@@ -253,8 +274,12 @@ def _load_checked(path: str) -> RolloutConfig:
 
 def _config_check(args: argparse.Namespace) -> int:
     config = _load_checked(args.file)
-    layout = config.layout()
+    layout: dict = config.layout()
+    location = _locate(args.redis_url, resolve_run(args.run, config)) if args.redis_url else None
     if args.json:
+        if location is not None:
+            layout["redis"] = {"kind": location.kind, "node": location.node,
+                               "slot": location.slot, "replicas": location.replicas}
         print(json.dumps(layout))
         return 0
     print(f"{args.file}: ok ({'sync' if config.is_sync else 'async'}, ratio {config.ratio}, "
@@ -265,17 +290,38 @@ def _config_check(args: argparse.Namespace) -> int:
               f"{info['shards']} shards")
         for tag, (start, end) in info["tags"].items():
             print(f"  {tag}: groups [{start}, {end})")
+    if location is not None:
+        run = resolve_run(args.run, config)
+        print(f"run {run}: {location}{_replica_note(config, location)}")
     return 0
 
 
-def _client(url: str | None) -> redis.Redis:
-    """A client for `url`, checked by a PING: a bad URL exits 2, an unreachable Redis or
-    wrong credentials exit 1, each with one line (the URL masked)."""
-    client = sync_client(check_url(url), socket_timeout=10, socket_connect_timeout=5)
+def _locate(url: str, run: str) -> Location:
+    client = _client(url)
     try:
-        client.ping()
-    except redis.RedisError as exc:
+        return locate(client, Keys(run))
+    finally:
         client.close()
+
+
+def _replica_note(config: RolloutConfig, location: Location) -> str:
+    """A warning when `min_replicas` asks for more replicas than the run's node has."""
+    if config.min_replicas <= location.replicas:
+        return ""
+    return (f"; warning: min_replicas {config.min_replicas} but {location.replicas} online: "
+            "commits, acks and version publishes wait until enough replicas are back")
+
+
+def _client(url: str | None) -> SyncClient:
+    """A client for `url` (any deployment), checked by a PING: a bad URL exits 2, an
+    unreachable Redis or wrong credentials exit 1, each with one line (the URL masked)."""
+    client = None
+    try:
+        client = sync_client(check_url(url), socket_timeout=10, socket_connect_timeout=5)
+        client.ping()
+    except REDIS_ERRORS as exc:
+        if client is not None:
+            client.close()
         if is_auth_error(exc):
             raise RedisSetupError(auth_message(str(url))) from None
         raise RedisSetupError(f"cannot reach Redis at {mask_url(str(url))}: {exc}") from None
@@ -373,7 +419,7 @@ def _produce(args: argparse.Namespace) -> int:
     return producer.run()
 
 
-def _check_producer(client: redis.Redis, keys: Keys) -> int:
+def _check_producer(client: SyncClient, keys: Keys) -> int:
     """Healthcheck: a producer id of this host with a heartbeat within one lease ttl."""
     import socket
 
@@ -382,8 +428,7 @@ def _check_producer(client: redis.Redis, keys: Keys) -> int:
         print(f"run {keys.run}: no config published yet")
         return 1
     ttl_ms = RolloutConfig.from_json(raw).lease_ttl_s * 1000
-    server_time: tuple[int, int] = client.time()  # type: ignore[assignment]
-    now_ms = server_time[0] * 1000 + server_time[1] // 1000
+    now_ms = server_ms(client, keys.producers)
     prefix = socket.gethostname() + "-"
     beats: list[tuple[bytes, float]] = client.zrange(  # type: ignore[assignment]
         keys.producers, 0, -1, withscores=True)
@@ -405,13 +450,13 @@ def _admin(args: argparse.Namespace) -> int:
             client.sadd(keys.pause, "operator")
         else:
             client.srem(keys.pause, "operator")
-        client.publish(keys.control, b"pause")
+        publish(client, keys.control, b"pause")
         reasons = sorted(_text(r) for r in client.smembers(keys.pause))
         print(f"run {keys.run}: pause reasons {reasons or 'none'}")
         return 0
     if args.command == "stop":
         client.set(keys.stop, 1)
-        client.publish(keys.control, b"stop")
+        publish(client, keys.control, b"stop")
         live = len(live_producers(client, keys, config.lease_ttl_s))
         print(f"run {keys.run}: stopped; {live} live producer(s) exit now "
               "(a trainer that starts the run again resumes it)")
@@ -419,7 +464,7 @@ def _admin(args: argparse.Namespace) -> int:
     return _status(client, keys, config, args)
 
 
-def _published_config(client: redis.Redis, keys: Keys) -> RolloutConfig:
+def _published_config(client: SyncClient, keys: Keys) -> RolloutConfig:
     """The run's published config; a run without one does not exist (exit 1)."""
     raw = client.get(keys.config)
     if raw is None:
@@ -428,7 +473,7 @@ def _published_config(client: redis.Redis, keys: Keys) -> RolloutConfig:
     return RolloutConfig.from_json(raw)
 
 
-def _reset(client: redis.Redis, keys: Keys, yes: bool) -> int:
+def _reset(client: SyncClient, keys: Keys, yes: bool) -> int:
     """Stop the run's producers, then delete every key of the run."""
     names = list(client.scan_iter(match=keys.pattern(), count=1000))
     if not names:
@@ -446,7 +491,7 @@ def _reset(client: redis.Redis, keys: Keys, yes: bool) -> int:
     raw = client.get(keys.config)
     ttl_s = RolloutConfig.from_json(raw).lease_ttl_s if raw is not None else 10.0
     client.set(keys.stop, 1)
-    client.publish(keys.control, b"stop")
+    publish(client, keys.control, b"stop")
     deadline = time.monotonic() + ttl_s + 2.0
     while live_producers(client, keys, ttl_s) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -460,15 +505,22 @@ def _reset(client: redis.Redis, keys: Keys, yes: bool) -> int:
     return 0
 
 
-def _status(client: redis.Redis, keys: Keys, config: RolloutConfig,
+def _status(client: SyncClient, keys: Keys, config: RolloutConfig,
             args: argparse.Namespace) -> int:
-    """The run's state: text, or JSON (`--json`); refreshed with `--watch`."""
+    """The run's state: text, or JSON (`--json`); refreshed with `--watch`. Says which
+    Redis node holds the run (and warns when it has fewer replicas than `min_replicas`)."""
     from rollstream.watch import Limits, render_text, snapshot, watch
 
     limits = Limits(wait_warn_s=args.wait_warn_s, redis_limit_mb=args.redis_limit_mb)
 
     def take() -> dict:
-        return snapshot(client, keys, config, limits)
+        snap = snapshot(client, keys, config, limits)
+        location = locate(client, keys)
+        snap["node"] = str(location)
+        note = _replica_note(config, location)
+        if note:
+            snap["warnings"].append(note.removeprefix("; warning: "))
+        return snap
 
     if not args.watch:
         snap = take()

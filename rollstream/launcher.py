@@ -20,13 +20,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TextIO
 
-import redis
-
 from consumer import Batch, Batcher
 from rollstream.embedded import EmbeddedRedis, spawn
 from schemas.config import RolloutConfig
-from schemas.connection import mask_url, sync_client
 from schemas.errors import ConfigError, RollstreamError
+from schemas.redisconn import SyncClient, mask_url, sync_client
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +286,7 @@ def interrupt_signals() -> Iterator[None]:
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 
 
-def train_session(client: redis.Redis, opts: UpOptions, header: str, out: TextIO) -> int:
+def train_session(client: SyncClient, opts: UpOptions, header: str, out: TextIO) -> int:
     """Publish the config and run the trainer loop; returns the exit status.
 
     The run's producers keep running when this ends, for whatever reason: only a deliberate

@@ -36,7 +36,7 @@ import redis
 from schemas.config import RolloutConfig
 from schemas.errors import DecodeError
 from schemas.keys import CONSUMER_GROUP, Keys
-from schemas.liveness import server_ms
+from schemas.redisconn import SyncClient, server_ms
 from schemas.stats import BatcherRecord, ProducerRecord
 
 MB = 2**20
@@ -53,7 +53,7 @@ class Limits:
 
 
 # -- the snapshot ------------------------------------------------------------------------------
-def snapshot(client: redis.Redis, keys: Keys, config: RolloutConfig,
+def snapshot(client: SyncClient, keys: Keys, config: RolloutConfig,
              limits: Limits | None = None) -> dict[str, Any]:
     """The run's state as a JSON-ready dict (see the module docstring)."""
     limits = limits or Limits()
@@ -84,7 +84,7 @@ def snapshot(client: redis.Redis, keys: Keys, config: RolloutConfig,
     return snap
 
 
-def _read(client: redis.Redis, keys: Keys, config: RolloutConfig) -> dict[str, Any]:
+def _read(client: SyncClient, keys: Keys, config: RolloutConfig) -> dict[str, Any]:
     """Everything a snapshot needs, in two pipelines and an INFO."""
     pipe = client.pipeline(transaction=False)
     pipe.get(keys.version)
@@ -99,12 +99,13 @@ def _read(client: redis.Redis, keys: Keys, config: RolloutConfig) -> dict[str, A
     names = ["version", "val_round", "pause", "stop", "beats", "stats", "seen",
              "batchers", "dead"]
     raw = dict(zip(names, pipe.execute(), strict=True))
-    raw["now_ms"] = server_ms(client)
+    raw["now_ms"] = server_ms(client, keys.producers)
     raw["seen"] = [(_text(m), s) for m, s in raw["seen"]]
     pipe = client.pipeline(transaction=False)
     for mode in config.modes():
         manager = config.manager(mode)
-        pipe.mget([keys.lease(mode, s) for s in range(manager.num_shards)])
+        for shard in range(manager.num_shards):  # GETs, not MGET: a cluster pipeline has none
+            pipe.get(keys.lease(mode, shard))
         for g in range(manager.num_env_groups):
             pipe.xlen(keys.stream(mode, g))
             pipe.xpending(keys.stream(mode, g), CONSUMER_GROUP)
@@ -112,7 +113,8 @@ def _read(client: redis.Redis, keys: Keys, config: RolloutConfig) -> dict[str, A
     raw["owners"], raw["streams"] = {}, {}
     for mode in config.modes():
         manager = config.manager(mode)
-        raw["owners"][mode] = [_text(o) if o else None for o in next(replies)]
+        owners = [next(replies) for _ in range(manager.num_shards)]
+        raw["owners"][mode] = [_text(o) if isinstance(o, bytes) and o else None for o in owners]
         entries = pending = 0
         for _ in range(manager.num_env_groups):
             length, info = next(replies), next(replies)
@@ -348,6 +350,8 @@ def render_text(snap: dict[str, Any]) -> str:
     lines = [f"run {snap['run']}: version {snap['version']}, val round {snap['val_round']}, "
              f"pause reasons {snap['pause'] or 'none'}, live producers "
              f"{snap['live_producers']}{stopped}"]
+    if snap.get("node"):
+        lines.append(f"  held by {snap['node']}")
     for mode, info in snap["modes"].items():
         lines.append(f"  {mode}: {info['entries']} entries in streams, {info['shards_leased']}/"
                      f"{info['shards']} shards leased, consumer group {CONSUMER_GROUP!r}; "

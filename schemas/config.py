@@ -158,6 +158,12 @@ class RolloutConfig(BaseModel):
     env_max_retries: NonNegativeInt = Field(
         default=2, description="retries of an episode whose env raised, then it commits failed"
     )
+    min_replicas: NonNegativeInt = Field(
+        default=0, description="replicas that must have a commit, an ack or a version publish "
+        "before it counts (WAIT); 0: acknowledged by the primary alone")
+    replica_timeout_ms: int = Field(
+        default=1000, gt=0, le=60_000, description="how long one WAIT for replicas may take; "
+        "a write not replicated in time is not acknowledged and is sent again")
 
     @field_validator("policy", mode="before")
     @classmethod

@@ -50,3 +50,13 @@ class TurnAborted(RollstreamError):
 
 class ServerUpdateError(RollstreamError):
     """A model server that did not take new weights; the message names the server."""
+
+
+class NotReplicated(RollstreamError):
+    """A write the primary made that fewer than `min_replicas` replicas confirmed in time
+    (WAIT): it does not count as acknowledged; sending it again is safe."""
+
+
+class WorkerFailure(RollstreamError):
+    """A producer's background loop (control poll, commits, weights) ended on an unexpected
+    error; the producer exits 1 rather than run on without it."""

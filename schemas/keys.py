@@ -73,6 +73,10 @@ class Keys:
         return f"{self.prefix}:batchers"
 
     @property
+    def wait_mark(self) -> str:  # string int: bumped right before each WAIT for replicas
+        return f"{self.prefix}:wait_mark"
+
+    @property
     def dead(self) -> str:  # stream: entries that failed to decode, with the reason
         return f"{self.prefix}:dead"
 

@@ -10,17 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from schemas.keys import Keys
-
-
-def server_ms(client: Any) -> int:
-    """The Redis server's clock in milliseconds."""
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
+from schemas.redisconn import server_ms
 
 
 def live_producers(client: Any, keys: Keys, ttl_s: float) -> dict[str, float]:
     """Producer id -> seconds since its last heartbeat, for heartbeats within `ttl_s`."""
-    now = server_ms(client)
+    now = server_ms(client, keys.producers)
     beats = client.zrangebyscore(keys.producers, now - int(ttl_s * 1000), "+inf",
                                  withscores=True)
     return {_text(member): max(0.0, (now - score) / 1000) for member, score in beats}

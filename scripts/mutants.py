@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GUARDS = "tests/test_guards.py"
 OPS = "tests/test_operations.py"
 GEN = "tests/test_generation_control.py"
+CONN = "tests/test_redisconn.py"
+DEPLOY = "tests/test_deployments.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -313,6 +315,43 @@ MUTANTS: tuple[Mutant, ...] = (
         '"model_path": checkpoint,',
         "SGLang is told the version it loads, so its answers report it",
         (f"{GEN}::test_sglang_updates_while_producers_run",),
+    ),
+    Mutant(
+        "commit-waits-for-replicas", "producers/commit.py",
+        "        if self._replicas is None:\n",
+        "        if True:  # (mutant) no WAIT\n",
+        "min_replicas: a commit counts only once WAIT says the replicas have it",
+        (f"{CONN}::test_commits_count_only_once_a_replica_has_them",
+         f"{CONN}::test_a_resend_answered_duplicate_waits_for_replicas_too"),
+    ),
+    Mutant(
+        "batcher-waits-for-replicas", "consumer/batcher.py",
+        "short = (self._replicas.shortfall(sent_to, replies) if self._replicas.enabled\n"
+        "                         else None)",
+        "short = None  # (mutant) acks and version publishes ignore the WAIT",
+        "min_replicas: an ack or a version publish returns only once the replicas have it",
+        (f"{CONN}::test_acks_and_version_publishes_wait_for_replicas",),
+    ),
+    Mutant(
+        "cluster-sharded-subscribe", "schemas/redisconn/ops.py",
+        "await self._pubsub.ssubscribe(self.channel)",
+        "await self._pubsub.subscribe(self.channel)",
+        "on a cluster the control channel is heard with SSUBSCRIBE on the run's node",
+        (f"{DEPLOY}::test_two_runs_on_two_nodes_through_one_node_url",),
+    ),
+    Mutant(
+        "cluster-sharded-publish", "schemas/redisconn/ops.py",
+        "        return client.spublish(channel, message)\n",
+        "        return client.publish(channel, message)\n",
+        "on a cluster control messages go out with SPUBLISH (they stay on the run's shard)",
+        (f"{DEPLOY}::test_two_runs_on_two_nodes_through_one_node_url",),
+    ),
+    Mutant(
+        "producer-background-check", "producers/producer.py",
+        "            self._check_background(background)\n",
+        "            pass  # (mutant) a dead control loop goes unnoticed\n",
+        "a producer whose control poll or committer died exits 1 instead of running blind",
+        (f"{CONN}::test_a_producer_whose_control_loop_dies_exits_1",),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",

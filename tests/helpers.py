@@ -207,3 +207,22 @@ def stream_lengths(r: Any, keys: Keys, config: RolloutConfig, mode: str = "train
     for g in range(config.manager(mode).num_env_groups):
         pipe.xlen(keys.stream(mode, g))
     return pipe.execute()
+
+
+def record_acknowledged(monkeypatch: Any) -> list[str]:
+    """Patch the producers of this process so every commit they are told is in (COMMITTED or
+    DUPLICATE: acknowledged) appends its traj_id to the returned list."""
+    from producers import producer as producer_module
+    from producers.commit import Committer, Outcome
+
+    told: list[str] = []
+
+    class RecordingCommitter(Committer):
+        async def commit(self, **kwargs: Any) -> Outcome:
+            outcome = await super().commit(**kwargs)
+            if outcome in (Outcome.COMMITTED, Outcome.DUPLICATE):
+                told.append(decode_trajectory(kwargs["data"])["traj_id"])
+            return outcome
+
+    monkeypatch.setattr(producer_module, "Committer", RecordingCommitter)
+    return told

@@ -1,0 +1,229 @@
+"""Clients for a URL, of whatever deployment is behind it: one server, a cluster, Sentinel.
+
+`sync_client(url)` / `await async_client(url)` return redis-py's own client for the
+deployment: `Redis` for one server (and for `unix://`), `RedisCluster` when the server at a
+`redis://` URL says it is a cluster node (one `INFO cluster` when the client is made), and
+a Sentinel-made `Redis` (`Sentinel(...).master_for(SERVICE)`) for `redis+sentinel://`.
+Wrong credentials, an unreachable server or a bad URL surface here, as redis-py's errors
+or `RedisUrlError`.
+
+A URL's password never reaches a log line, an argv or Redis. It can also come from
+`ROLLSTREAM_REDIS_PASSWORD` (compose sets it beside a password-free URL, so characters such
+as `@ / :` in a password need no URL escaping); sentinels with a password of their own read
+`ROLLSTREAM_SENTINEL_PASSWORD`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+import redis.cluster
+import redis.sentinel
+from redis.exceptions import AuthenticationError, RedisClusterException, ResponseError
+
+from schemas.redisconn.urls import (
+    RedisUrlError,
+    check_url,
+    is_sentinel_url,
+    is_unix_url,
+    mask_url,
+    parse_sentinel_url,
+)
+
+logger = logging.getLogger(__name__)
+
+PASSWORD_ENV = "ROLLSTREAM_REDIS_PASSWORD"
+SENTINEL_PASSWORD_ENV = "ROLLSTREAM_SENTINEL_PASSWORD"
+
+SyncClient = redis.Redis | redis.cluster.RedisCluster
+AsyncClient = redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+
+
+def _kwargs(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    password = os.environ.get(PASSWORD_ENV)
+    if password and urlsplit(url).password is None and "password" not in options:
+        options = {**options, "password": password}
+    return options
+
+
+def _cluster_error(url: str, exc: RedisClusterException) -> RedisUrlError:
+    return RedisUrlError(f"Redis URL {mask_url(url)!r} names a Redis Cluster node, and "
+                         f"redis-py refuses it as a cluster URL: {exc} (a cluster has only "
+                         "database 0: drop the /N)")
+
+
+def _says_cluster(info: dict[str, Any]) -> bool:
+    return str(info.get("cluster_enabled", "0")) == "1"
+
+
+def _refused_database(url: str, exc: ResponseError) -> RedisUrlError | None:
+    """A cluster node refuses the SELECT of a URL with a database other than 0."""
+    if "SELECT is not allowed in cluster mode" not in str(exc):
+        return None
+    return RedisUrlError(f"Redis URL {mask_url(url)!r} names a Redis Cluster node: a cluster "
+                         "has only database 0, drop the /N")
+
+
+# -- sync ------------------------------------------------------------------------------------
+def sync_client(url: str, **options: Any) -> SyncClient:
+    """redis-py's client for the deployment at `url` (checked; see the module doc)."""
+    check_url(url)
+    options = _kwargs(url, options)
+    if is_sentinel_url(url):
+        return _sentinel_sync(url, options)
+    client = redis.Redis.from_url(url, **options)
+    try:
+        if is_unix_url(url) or not _is_cluster_node(client):
+            return client
+    except ResponseError as exc:
+        client.close()
+        raise _refused_database(url, exc) or exc from None
+    client.close()
+    try:
+        return redis.cluster.RedisCluster.from_url(url, **options)
+    except RedisClusterException as exc:
+        raise _cluster_error(url, exc) from None
+
+
+def _info_refused(exc: ResponseError) -> bool:
+    """INFO denied by an ACL or renamed away: then it is no cluster node a client could use
+    (a cluster client needs CLUSTER SLOTS anyway)."""
+    return str(exc).startswith(("NOPERM", "unknown command"))
+
+
+def _is_cluster_node(client: redis.Redis) -> bool:
+    try:
+        return _says_cluster(client.info("cluster"))
+    except ResponseError as exc:
+        if _info_refused(exc):
+            return False
+        raise
+
+
+def _sentinel_sync(url: str, options: dict[str, Any]) -> redis.Redis:
+    parsed = parse_sentinel_url(url)
+    node = _sentinel_node_options(parsed, options)
+    sentinel = redis.sentinel.Sentinel(parsed.sentinels,
+                                       sentinel_kwargs=_sentinel_options(parsed, options),
+                                       **node)
+    return sentinel.master_for(parsed.service, db=parsed.db)
+
+
+def _sentinel_node_options(parsed: Any, options: dict[str, Any]) -> dict[str, Any]:
+    node = {**parsed.options, **options}
+    if parsed.password is not None:
+        node["password"] = parsed.password
+    if parsed.username is not None:
+        node["username"] = parsed.username
+    if parsed.ssl:
+        node["ssl"] = True
+    return node
+
+
+def _sentinel_options(parsed: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """Options of the connections to the sentinels themselves: timeouts and TLS, and their
+    own password from the environment, never the data nodes' password."""
+    keep = ("socket_timeout", "socket_connect_timeout", "socket_keepalive")
+    out = {k: v for k, v in {**parsed.options, **options}.items() if k in keep}
+    if parsed.ssl:
+        out["ssl"] = True
+    password = os.environ.get(SENTINEL_PASSWORD_ENV)
+    if password:
+        out["password"] = password
+    return out
+
+
+def run_client(target: str | Any, **options: Any) -> SyncClient:
+    """A sync client for a URL, or the client given, made a `RedisCluster` when it is a plain
+    `Redis` connected to a cluster node (a run's keys live on the node owning their slot)."""
+    if isinstance(target, str):
+        return sync_client(target, **options)
+    if isinstance(target, redis.cluster.RedisCluster) or not isinstance(target, redis.Redis):
+        return target
+    pool = target.connection_pool
+    if isinstance(pool, redis.sentinel.SentinelConnectionPool):
+        return target
+    kwargs = dict(pool.connection_kwargs)
+    if "path" in kwargs or not _is_cluster_node(target):
+        return target
+    logger.info("the Redis client given is connected to a cluster node (%s:%s); using a "
+                "cluster client", kwargs.get("host"), kwargs.get("port"))
+    if pool.connection_class is not None and issubclass(pool.connection_class,
+                                                          redis.connection.SSLConnection):
+        kwargs["ssl"] = True
+    return redis.cluster.RedisCluster(**{k: v for k, v in kwargs.items() if k != "db"})
+
+
+# -- async -----------------------------------------------------------------------------------
+async def async_client(url: str, **options: Any) -> AsyncClient:
+    """The asyncio twin of `sync_client` (a cluster client is initialized before it returns,
+    so its slot map is known)."""
+    check_url(url)
+    options = _kwargs(url, options)
+    if is_sentinel_url(url):
+        return _sentinel_async(url, options)
+    client = redis.asyncio.Redis.from_url(url, **options)
+    if is_unix_url(url):
+        return client
+    try:
+        cluster = await _is_cluster_node_async(client)
+    except ResponseError as exc:
+        await client.aclose()
+        raise _refused_database(url, exc) or exc from None
+    except BaseException:
+        await client.aclose()
+        raise
+    if not cluster:
+        return client
+    await client.aclose()
+    allowed = set(inspect.signature(redis.asyncio.cluster.RedisCluster.__init__).parameters)
+    try:
+        made = redis.asyncio.cluster.RedisCluster.from_url(
+            url, **{k: v for k, v in options.items() if k in allowed})
+    except RedisClusterException as exc:
+        raise _cluster_error(url, exc) from None
+    try:
+        await made.initialize()
+    except BaseException:
+        await made.aclose()
+        raise
+    return made
+
+
+async def _is_cluster_node_async(client: redis.asyncio.Redis) -> bool:
+    try:
+        return _says_cluster(await client.info("cluster"))
+    except ResponseError as exc:
+        if _info_refused(exc):
+            return False
+        raise
+
+
+def _sentinel_async(url: str, options: dict[str, Any]) -> redis.asyncio.Redis:
+    parsed = parse_sentinel_url(url)
+    node = _sentinel_node_options(parsed, options)
+    sentinel = redis.asyncio.sentinel.Sentinel(
+        parsed.sentinels, sentinel_kwargs=_sentinel_options(parsed, options), **node)
+    return sentinel.master_for(parsed.service, db=parsed.db)
+
+
+# -- errors ----------------------------------------------------------------------------------
+def is_auth_error(exc: BaseException) -> bool:
+    """Whether `exc` says the credentials are wrong or missing: not transient, never retried."""
+    if isinstance(exc, AuthenticationError):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
+
+
+def auth_message(url: str) -> str:
+    """One line for an authentication failure, with the URL masked."""
+    return (f"Redis at {mask_url(url)} refused the credentials: check the password in the URL "
+            f"or {PASSWORD_ENV}")
