@@ -38,6 +38,7 @@ from rollstream.embedded import EmbeddedRedis
 from rollstream.launcher import interrupt_signals, start_producers, stop_processes
 from schemas.config import RolloutConfig
 from schemas.errors import RollstreamError
+from schemas.redisconn import sync_client
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 procs = start_producers(url, args.run, args.producers, "WARNING",
                                         pythonpath=[str(HERE)])
                 stack.callback(stop_processes, procs)
-            client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
+            client = sync_client(url, socket_timeout=30, socket_connect_timeout=5)
             stack.callback(client.close)
             batcher = Batcher(client, config, run=args.run)
             # (a given URL is not printed: it can hold a password)
