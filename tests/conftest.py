@@ -62,20 +62,10 @@ def config_factory() -> Callable[..., RolloutConfig]:
 
 
 @pytest.fixture
-def producer_thread(redis_url: str, run: str) -> Iterator[Callable[..., ProducerThread]]:
-    started: list[ProducerThread] = []
-
-    def start(**kwargs: Any) -> ProducerThread:
-        kwargs.setdefault("handle_signals", False)
-        kwargs.setdefault("poll_interval_s", 0.05)
-        thread = ProducerThread(Producer(redis_url, run, **kwargs)).start()
-        started.append(thread)
-        return thread
-
-    yield start
-    for thread in started:
-        if thread.thread.is_alive():
-            thread.stop()
+def producer_thread(redis_url: str,
+                    producer_at: Callable[..., ProducerThread]) -> Callable[..., ProducerThread]:
+    """Producers in threads of this process (fast to start), stopped at teardown."""
+    return lambda **kwargs: producer_at(redis_url, **kwargs)
 
 
 @pytest.fixture

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import redis
 
 from producers.producer import Producer
 from schemas.codec import ENTRY_FIELD, decode_trajectory, encode_trajectory, traj_ids
@@ -73,6 +76,41 @@ class ProducerThread:
         self.thread.join(timeout_s)
         assert not self.thread.is_alive(), "producer thread did not stop"
         return self.result[0]
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def password_redis(folder: Path, password: str, *, appendonly: bool = False) -> Iterator[int]:
+    """A redis-server on loopback that wants `password` (AOF with an fsync per write when
+    `appendonly`, as compose runs it); yields its port, stops it after."""
+    from rollstream.embedded import find_redis_server
+
+    port = free_port()
+    aof = ["--appendonly", "yes", "--appendfsync", "always"] if appendonly else []
+    proc = subprocess.Popen([find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
+                             "--requirepass", password, *aof, "--save", "", "--dir",
+                             str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, password=password)
+    try:
+        wait_for(lambda: _pings(client), timeout_s=10, what="redis-server")
+        yield port
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 15.0, interval_s: float = 0.05,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
+from helpers import free_port
 
 from rollstream.embedded import spawn
 
@@ -81,11 +81,6 @@ def wait_replicas(primary: Node, count: int, timeout_s: float = 30.0) -> None:
         time.sleep(0.05)
     raise RuntimeError(f"{primary.name} has no {count} replica(s) online after {timeout_s}s")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

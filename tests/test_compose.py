@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,8 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-
-from rollstream.embedded import find_redis_server
+from helpers import password_redis
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "compose.yaml"
@@ -53,35 +51,13 @@ def test_compose_config_validates():
     assert out.returncode != 0 and "set REDIS_PASSWORD" in out.stderr
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
-def password_redis(tmp_path):
+def password_redis_port(tmp_path):
     """A redis-server like compose's: TCP, a password, AOF with an fsync per write."""
-    port = free_port()
-    proc = subprocess.Popen([find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
-                             "--requirepass", PASSWORD, "--appendonly", "yes",
-                             "--appendfsync", "always", "--save", "", "--dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, password=PASSWORD)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-    with pytest.raises(redis.AuthenticationError):
-        redis.Redis(port=port).ping()  # the password is really required
-    yield port
-    client.close()
-    proc.terminate()
-    proc.wait(10)
+    with password_redis(tmp_path, PASSWORD, appendonly=True) as port:
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()  # the password is really required
+        yield port
 
 
 PASSWORD = "s3:c/r@t#pw"  # characters a URL would need escaped
@@ -107,12 +83,12 @@ def service_cmd(name: str) -> list[str]:
     return [sys.executable, "-m", "rollstream", *cmd]
 
 
-def test_services_run_as_local_processes(password_redis):
+def test_services_run_as_local_processes(password_redis_port):
     # a trainer that ends for any reason (done, timed out) leaves the producers running; a
     # trainer started again finds them; only `rollstream stop` ends them
-    env = service_env("producer", password_redis)
+    env = service_env("producer", password_redis_port)
     assert "@" not in env["ROLLSTREAM_REDIS_URL"]  # the password travels on its own
-    r = redis.Redis(port=password_redis, password=PASSWORD)
+    r = redis.Redis(port=password_redis_port, password=PASSWORD)
     producer = subprocess.Popen(service_cmd("producer"), cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -157,9 +133,9 @@ def test_services_run_as_local_processes(password_redis):
         r.close()
 
 
-def test_producer_healthcheck_passes_while_it_runs(password_redis):
-    env = service_env("producer", password_redis, ROLLSTREAM_RUN="hc")
-    r = redis.Redis(port=password_redis, password=PASSWORD)
+def test_producer_healthcheck_passes_while_it_runs(password_redis_port):
+    env = service_env("producer", password_redis_port, ROLLSTREAM_RUN="hc")
+    r = redis.Redis(port=password_redis_port, password=PASSWORD)
     from consumer import Batcher
     from schemas.config import RolloutConfig
 

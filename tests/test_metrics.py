@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import BROKEN_ENV_ID, ONE_STEP_ENV_ID, clean_env, small_config, wait_for
+from helpers import (
+    BROKEN_ENV_ID,
+    ONE_STEP_ENV_ID,
+    clean_env,
+    free_port,
+    small_config,
+    wait_for,
+)
 from helpers import run_cli as cli
 
 from consumer import Batcher
@@ -35,11 +42,6 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 ROOT = Path(__file__).resolve().parents[1]
 Samples = dict[tuple[str, frozenset], float]
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def scrape(url: str) -> Samples:

@@ -6,7 +6,6 @@ import os
 import pty
 import re
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -16,43 +15,21 @@ import pytest
 import redis
 import tomllib
 import yaml
-from helpers import ROOT, clean_env, small_config, wait_for
+from helpers import ROOT, clean_env, free_port, password_redis, small_config, wait_for
 from helpers import run_cli as cli
 
 from consumer import Batcher
-from rollstream.embedded import find_redis_server
 from schemas.connection import mask_url
 from schemas.keys import Keys
 
 PASSWORD = "pa:ss/w@rd"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def secret_redis(tmp_path):
     """A redis-server that wants a password; yields (port, URL with the password escaped)."""
-    port = free_port()
-    proc = subprocess.Popen([find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
-                             "--requirepass", PASSWORD, "--save", "", "--dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, password=PASSWORD)
-    wait_for(lambda: _pings(client), timeout_s=10, what="redis-server")
-    yield port, f"redis://:pa%3Ass%2Fw%40rd@127.0.0.1:{port}/0"
-    client.close()
-    proc.terminate()
-    proc.wait(10)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
+    with password_redis(tmp_path, PASSWORD) as port:
+        yield port, f"redis://:pa%3Ass%2Fw%40rd@127.0.0.1:{port}/0"
 
 
 def test_mask_url_hides_only_the_password():
