@@ -354,6 +354,20 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{CONN}::test_a_producer_whose_control_loop_dies_exits_1",),
     ),
     Mutant(
+        "metrics-committed", "producers/metrics.py",
+        "        counts.committed += 1\n        counts.recent_committed += 1\n",
+        "        counts.recent_committed += 1\n",
+        "the producer's metrics page counts every committed trajectory",
+        ("tests/test_metrics.py::test_metrics_pages_of_a_live_run_show_the_counters_moving",),
+    ),
+    Mutant(
+        "status-gone", "rollstream/watch.py",
+        '"id": pid, "state": "live" if pid in live else "gone",',
+        '"id": pid, "state": "live",',
+        "rollstream status shows a producer without a fresh heartbeat as gone",
+        ("tests/test_watch.py::test_status_json_of_a_live_run_and_of_a_killed_producer",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'
