@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class Entry:
-    """Where a trajectory sits in Redis: its stream and entry id."""
+class Entry(NamedTuple):
+    """Where a trajectory sits in Redis: its stream and entry id (a tuple: hashed in C, the
+    Batcher keeps sets of thousands)."""
 
     stream: str
     entry_id: str
@@ -48,19 +48,17 @@ class Batch:
         _, self.group_index = np.unique(
             np.array([t["traj_group_id"] for t in trajs]), return_inverse=True
         )
-        width = int(self.num_actions.max()) if trajs else 0
-        self.mask = np.zeros((len(trajs), width), dtype=bool)
+        # [trajectory, step] arrays, filled from one flat list each (row-major, as the mask)
+        lengths = np.array([len(t["steps"]) for t in trajs], dtype=np.int64)
+        width = int(lengths.max()) if trajs else 0
+        self.mask = np.arange(width) < lengths[:, None]
         self.rewards = np.zeros((len(trajs), width), dtype=np.float32)
+        self.rewards[self.mask] = [s["reward"] for t in trajs for s in t["steps"]]
+        flat_actions = [s["action"] for t in trajs for s in t["steps"]]
+        integer_actions = all(isinstance(a, int) for a in flat_actions)
         actions = np.zeros((len(trajs), width), dtype=np.int64)
-        integer_actions = True
-        for i, traj in enumerate(trajs):
-            steps = traj["steps"]
-            self.mask[i, : len(steps)] = True
-            self.rewards[i, : len(steps)] = [s["reward"] for s in steps]
-            if integer_actions and all(isinstance(s["action"], int) for s in steps):
-                actions[i, : len(steps)] = [s["action"] for s in steps]
-            else:
-                integer_actions = False
+        if integer_actions:
+            actions[self.mask] = flat_actions
         self.actions: np.ndarray | None = actions if integer_actions else None
 
     def __len__(self) -> int:

@@ -123,6 +123,11 @@ class Abandoned(Exception):
 
 def _clean_info(info: dict[str, Any]) -> dict[str, Any]:
     """The scalar part of a step's info (what travels on the wire)."""
+    for value in info.values():
+        if type(value) not in _SCALARS:
+            break
+    else:  # the common case: all scalars, copied as is
+        return info.copy()
     out = {}
     for key, value in info.items():
         if type(value) in _SCALARS:

@@ -405,7 +405,7 @@ def _up_trainer(args: argparse.Namespace) -> int:
 
 
 def _produce(args: argparse.Namespace) -> int:
-    from producers.producer import Producer
+    from producers.producer import Producer, tune_gc
 
     url, run = _lookup(args)
     if args.check:
@@ -416,6 +416,7 @@ def _produce(args: argparse.Namespace) -> int:
                         seconds=args.seconds)
     if args.metrics_port is not None:
         producer.serve_metrics(args.metrics_port, args.metrics_addr)
+    tune_gc()  # this process is the producer and nothing else
     return producer.run()
 
 

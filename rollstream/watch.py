@@ -31,8 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-import redis
-
 from schemas.config import RolloutConfig
 from schemas.errors import DecodeError
 from schemas.keys import CONSUMER_GROUP, Keys

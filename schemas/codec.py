@@ -109,6 +109,9 @@ def decode_trajectory(data: bytes) -> dict[str, Any]:
             raise DecodeError(f"field {name!r} has type {type(value).__name__}")
     if msg["mode"] not in ("train", "val"):
         raise DecodeError(f"field 'mode' is {msg['mode']!r}, not train or val")
+    if len(msg["steps"]) != msg["num_actions"]:
+        raise DecodeError(f"num_actions is {msg['num_actions']} but {len(msg['steps'])} steps "
+                          "came")
     for step in msg["steps"]:
         if type(step) is not dict or "action" not in step or "reward" not in step:
             raise DecodeError("a step lacks 'action' or 'reward'")

@@ -109,3 +109,19 @@ def test_logprobs_are_fitted_to_the_response() -> None:
     uneven = [step([1], [5, 6, 7], [-0.5])]  # fewer logprobs than tokens: the rest are 0
     tokens = make_batch([traj(0, 0, uneven, 0.0)]).turn_tokens()
     np.testing.assert_allclose(tokens.logprobs, [[-0.5, 0.0, 0.0]])
+
+
+def test_step_arrays_are_padded_per_trajectory_in_order() -> None:
+    # ragged lengths: every row holds its own steps from column 0, the rest masked out
+    short = traj(0, 0, [step(None, None, None, reward=1.0)], 1.0)
+    long = traj(0, 1, [step(None, None, None, reward=r) for r in (0.25, 0.5, 2.0)], 2.75)
+    long["steps"][2]["action"] = 3
+    batch = make_batch([long, short])
+    assert batch.mask.tolist() == [[True, True, True], [True, False, False]]
+    assert batch.rewards.tolist() == [[0.25, 0.5, 2.0], [1.0, 0.0, 0.0]]
+    assert batch.actions is not None and batch.actions.tolist() == [[0, 0, 3], [0, 0, 0]]
+    # an action that is not an integer anywhere: no actions array (the trajectories keep them)
+    long["steps"][1]["action"] = "Up"
+    assert make_batch([long, short]).actions is None
+    empty = make_batch([])
+    assert empty.mask.shape == (0, 0) and empty.actions is not None

@@ -229,3 +229,11 @@ def test_a_joining_producer_gets_its_share_long_before_a_heartbeat(r, run, produ
         return None not in owners and len(owners) == 2 and max(owners.values()) <= 5
 
     wait_for(balanced, timeout_s=6, what="the shards to be shared within 6 s")
+
+
+def test_a_producer_process_collects_garbage_rarely():
+    # `rollstream produce` calls tune_gc(): checked in a child so this process keeps its own
+    code = ("import gc; from producers.producer import GC_THRESHOLD, tune_gc; tune_gc(); "
+            "assert gc.get_threshold() == GC_THRESHOLD, gc.get_threshold(); "
+            "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -89,6 +89,7 @@ def test_wire_format_is_plain_msgpack():
          "missing field 'tag'"),
         (encode_trajectory(trajectory(group_id="one")), "field 'group_id' has type str"),
         (encode_trajectory(trajectory(mode="test")), "field 'mode' is 'test'"),
+        (encode_trajectory(trajectory(num_actions=2)), "num_actions is 2 but 1 steps came"),
     ],
 )
 def test_decode_refusals_say_why(data, needle):
