@@ -46,3 +46,10 @@ def test_bench_scale_prints_each_part():
     out = bench("bench/bench_scale.py", "--seconds", "1", "--counts", "1", "--big-envs", "256",
                 "--latency-s", "0.005")
     assert "1 producer(s)" in out and "event-loop lag" in out and "bytes" in out, out
+
+
+def test_bench_valmix_prints_each_tag_and_the_round():
+    out = bench("bench/bench_valmix.py", "--seconds", "0.3", "--rounds", "1", "--producers", "1")
+    for tag in ("SimpleSokoban", "LargerSokoban", "SokobanDifferentGridVocab", "FrozenLake"):
+        assert f"| {tag} |" in out, out
+    assert "pipeline / plain:" in out, out
