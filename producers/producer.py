@@ -465,9 +465,16 @@ class Producer:
                            exc, self.config.lease_ttl_s)
 
     async def _claim(self, wanted: int) -> int:
-        """Claim up to `wanted` free shards; returns how many it could not get."""
+        """Claim up to `wanted` free shards; returns how many it could not get.
+
+        A pass ends after a third of the lease ttl, claimed or not: building envs takes
+        time (and the envs already started run between claims), and the leases claimed
+        first must be renewed by the next heartbeat before they expire. Measured: one
+        producer claiming 256 shards of 64 envs took longer than a 30 s ttl and lost its
+        first leases while still claiming. The rest is claimed after that heartbeat."""
+        until = time.monotonic() + self.config.lease_ttl_s / 3
         for shard in claim_order(self.all_shards(), self.producer_id):
-            if wanted <= 0 or self._stopping:
+            if wanted <= 0 or self._stopping or time.monotonic() > until:
                 break
             if shard in self.shards:
                 continue

@@ -368,6 +368,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_watch.py::test_status_json_of_a_live_run_and_of_a_killed_producer",),
     ),
     Mutant(
+        "claim-yields-to-heartbeat", "producers/producer.py",
+        "            if wanted <= 0 or self._stopping or time.monotonic() > until:",
+        "            if wanted <= 0 or self._stopping:",
+        "a claim pass longer than a third of the lease ttl yields to the heartbeat",
+        ("tests/test_rollout.py::test_a_claim_longer_than_the_lease_ttl_loses_no_lease",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

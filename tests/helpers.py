@@ -191,6 +191,18 @@ if ONE_STEP_ENV_ID not in gym.registry:
     gym.register(id=ONE_STEP_ENV_ID, entry_point="helpers:OneStepEnv")
 
 
+class SlowToBuildEnv(OneStepEnv):
+    """A one-step env that takes `build_s` to construct (a simulator loading its assets)."""
+
+    def __init__(self, build_s: float = 0.025):
+        time.sleep(build_s)
+
+
+SLOW_BUILD_ENV_ID = "rollstream-test/SlowToBuild-v0"
+if SLOW_BUILD_ENV_ID not in gym.registry:
+    gym.register(id=SLOW_BUILD_ENV_ID, entry_point="helpers:SlowToBuildEnv")
+
+
 def publish(batcher: Any) -> int:
     """The trainer publishes the next policy version (one place to adapt to its signature)."""
     return batcher.publish_version()

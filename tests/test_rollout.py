@@ -9,7 +9,15 @@ from typing import Any
 
 import msgpack
 import pytest
-from helpers import BROKEN_ENV_ID, SLEEPY_ENV_ID, BrokenEnv, publish, small_config, wait_for
+from helpers import (
+    BROKEN_ENV_ID,
+    SLEEPY_ENV_ID,
+    SLOW_BUILD_ENV_ID,
+    BrokenEnv,
+    publish,
+    small_config,
+    wait_for,
+)
 
 from consumer import Batcher
 from producers.policies import StepContext
@@ -313,6 +321,32 @@ def test_max_shards_caps_what_a_producer_holds(r, run, producer_thread):
     wait_for(lambda: len(held()) == 2, what="two leases")
     time.sleep(1.0)  # more heartbeats: still two
     assert len(held()) == 2
+
+
+def test_a_claim_longer_than_the_lease_ttl_loses_no_lease(r, run, producer_thread, caplog):
+    # 30 shards of 4 envs that take 25 ms each to build: claiming them all takes 3 s or more,
+    # past the 2 s lease ttl, so the first leases expire unless heartbeats come in between
+    config = small_config(
+        lease_ttl_s=2.0, rollout_batch_size=8, async_generation_ratio=1,
+        custom_envs={"Slow": {"env_id": SLOW_BUILD_ENV_ID}},
+        train_env_manager={"max_env_num_per_worker": 4, "num_env_groups": 60,
+                           "group_size": 2, "tags": ["Slow"]},
+        val_env_manager=None)
+    keys = Keys(run)
+    Batcher(r, config, run=run)
+    caplog.set_level("WARNING", logger="producers")
+    started = time.monotonic()
+    thread = producer_thread()
+    shards = config.train_env_manager.num_shards
+    lease_keys = [keys.lease("train", s) for s in range(shards)]
+    pid = thread.producer.producer_id
+    wait_for(lambda: r.mget(lease_keys) == [pid.encode()] * shards, timeout_s=60,
+             what=f"all {shards} leases")
+    assert time.monotonic() - started > config.lease_ttl_s  # the claim outlasted a ttl
+    time.sleep(config.lease_ttl_s)  # and commits went on past the last claim
+    lost = [rec.getMessage() for rec in caplog.records if "lost" in rec.getMessage()]
+    assert not lost, lost[:3]
+    assert thread.producer.stats.refused[("train", "lease_lost")] == 0
 
 
 def test_redundant_members_first_finishers_win(r, run, producer_thread):
