@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 
 from schemas.backoff import Backoff
 from schemas.keys import Keys
@@ -18,6 +19,7 @@ from schemas.redisconn import REDIS_ERRORS, AsyncClient, ControlSubscription
 logger = logging.getLogger(__name__)
 
 LEASES_MESSAGE = b"leases"  # on the control channel: rebalance shards now
+WAKE_CHUNK = 64  # waiters woken per event-loop pass (see `ControlState.wake_all`)
 
 # One atomic read of the control keys (a script, not MULTI: see schemas.redisconn.ops).
 CONTROL_LUA = """
@@ -30,7 +32,7 @@ return {redis.call('GET', KEYS[1]) or '0', redis.call('SMEMBERS', KEYS[2]),
 class ControlState:
     """Latest known control values; `await wait_change()` wakes on any change.
 
-    Thousands of env tasks wait here, so a wait is a bare event wait, not a timer each: the
+    Thousands of env tasks wait here, so a wait is a bare future, not a timer each: the
     bound on every wait is the watcher's `wake_all()` every `wake_every_s` (and on stop)."""
 
     def __init__(self) -> None:
@@ -39,7 +41,7 @@ class ControlState:
         self.val_round = 0
         self.stopped = False
         self.generation = 0  # +1 on every change and every wake: a cheap "anything new?"
-        self._changed = asyncio.Event()
+        self._waiters: deque[asyncio.Future[None]] = deque()
 
     def update(self, version: int, paused: frozenset[str], val_round: int, stopped: bool) -> None:
         new = (version, paused, val_round, stopped)
@@ -49,13 +51,30 @@ class ControlState:
 
     async def wait_change(self) -> None:
         """Return on the next change, or at the watcher's next periodic wake."""
-        await self._changed.wait()
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        await waiter
 
     def wake_all(self) -> None:
-        """Wake every waiter and make every running episode re-check its gate."""
+        """Wake every waiter and make every running episode re-check its gate.
+
+        Waiters are released `WAKE_CHUNK` per event-loop pass, not all in one: after a
+        resume the envs' episodes start in chunks, so the committer gets the loop between
+        chunks and trajectories reach Redis while the rest still play (the trainer decodes
+        them as they land, not all after the last one). Measured in
+        `bench/bench_handoff.py`: see docs/decisions.md (Performance)."""
         self.generation += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
+        if self._waiters:
+            waiters, self._waiters = self._waiters, deque()
+            self._release(waiters)
+
+    def _release(self, waiters: deque[asyncio.Future[None]]) -> None:
+        for _ in range(min(WAKE_CHUNK, len(waiters))):
+            waiter = waiters.popleft()
+            if not waiter.done():  # a wait given up (timed out, cancelled) is skipped
+                waiter.set_result(None)
+        if waiters:
+            waiters[0].get_loop().call_soon(self._release, waiters)
 
 
 class ControlWatcher:

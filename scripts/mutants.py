@@ -375,6 +375,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_a_claim_longer_than_the_lease_ttl_loses_no_lease",),
     ),
     Mutant(
+        "control-wake-in-chunks", "producers/control.py",
+        "        for _ in range(min(WAKE_CHUNK, len(waiters))):",
+        "        for _ in range(len(waiters)):",
+        "waiting env tasks wake in chunks, with other work (the committer) between chunks",
+        ("tests/test_control.py::test_waiters_wake_in_chunks_with_other_work_between_and_none_is_lost",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'
