@@ -102,7 +102,7 @@ def pipeline(args: argparse.Namespace, url: str) -> None:
             batcher.publish_version()
         elapsed = time.perf_counter() - started
         stats = server_stats(base_url)
-        turns = stats["completed"] - stats0["completed"]
+        turns = max(1, stats.get("completed", 0) - stats0.get("completed", 0))
         producer_ms = (cpu_s(producer.pid) - cpu0[0]) / turns * 1000
         server_ms = (cpu_s(server.pid) - cpu0[1]) / turns * 1000
         trainer_ms = (time.process_time() - cpu0[2]) / turns * 1000
@@ -112,7 +112,7 @@ def pipeline(args: argparse.Namespace, url: str) -> None:
               f"{trajs / elapsed:.0f} traj/s delivered over {elapsed:.1f}s")
         print(f"  CPU per turn: producer {producer_ms:.3f} ms, stand-in server "
               f"{server_ms:.3f} ms, trainer (batcher) {trainer_ms:.3f} ms")
-        print(f"  requests in flight at the server: peak {stats['max_in_flight']}; "
+        print(f"  requests in flight at the server: peak {stats.get('max_in_flight', 0)}; "
               f"last batch {len(tokens)} turns, prompt p50 "
               f"{int(sorted(tokens.prompt_lengths)[len(tokens) // 2])} tokens, "
               f"response p50 {int(sorted(tokens.response_lengths)[len(tokens) // 2])} tokens",

@@ -53,3 +53,19 @@ def test_bench_valmix_prints_each_tag_and_the_round():
     for tag in ("SimpleSokoban", "LargerSokoban", "SokobanDifferentGridVocab", "FrozenLake"):
         assert f"| {tag} |" in out, out
     assert "pipeline / plain:" in out, out
+
+
+def test_bench_llm_prints_turns_and_cpu_per_turn():
+    out = bench("bench/bench_llm.py", "--seconds", "2", "--latency-s", "0.01",
+                "--warmup-batches", "0", timeout=240)
+    assert "turns/s" in out and "per turn" in out, out
+
+
+def test_bench_replicas_prints_both_settings():
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs a redis-server on PATH")
+    out = bench("bench/bench_replicas.py", "--seconds", "2", "--repeat", "1",
+                "--producers", "1", "--commits", "50", "--warmup-batches", "1", timeout=240)
+    assert "min_replicas 0" in out and "min_replicas 1" in out, out
