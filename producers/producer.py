@@ -118,6 +118,7 @@ class Producer:
         self._main_task: asyncio.Task[None] | None = None
         self._deadline: float | None = None  # monotonic time `seconds` runs out
         self._live = 0  # live producers at the last heartbeat (0: not joined yet)
+        self.heartbeats = 0  # heartbeats done so far
         self._short_streak = 0  # heartbeats in a row that ended below the fair share
         self._handovers: set[asyncio.Task[None]] = set()
         self._releasing: set[ShardId] = set()  # shards being handed over, lease not yet freed
@@ -424,6 +425,7 @@ class Producer:
         """Heartbeat, drop lost shards, hand over or claim to the fair share. True when short
         of the share: shards are on their way, look again soon."""
         beat = await self.leases.heartbeat(list(self.shards))
+        self.heartbeats += 1
         if beat.live != self._live:
             if beat.live > self._live and self._live:
                 logger.info("%d live producers now", beat.live)
