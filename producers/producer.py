@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from producers.commit import Committer, Outcome
@@ -274,9 +275,13 @@ class Producer:
         assert self._stop is not None
         self.config = config
         self.policy: Policy = self._policy_override or make_policy(config.policy)
-        await start_policy(self.policy, PolicyContext(  # PolicyError: exit 1 with that line
-            redis=redis, keys=self.keys, config=config, producer_id=self.producer_id,
-            poll_interval_s=self.poll_interval_s))
+        started = await self._unless_stopped(start_policy(  # PolicyError: exit 1, one line
+            self.policy, PolicyContext(redis=redis, keys=self.keys, config=config,
+                                       producer_id=self.producer_id,
+                                       poll_interval_s=self.poll_interval_s)))
+        if not started:  # e.g. waiting for model servers that never answered
+            logger.info("producer %s: stopped while its policy was starting", self.producer_id)
+            return
         self.inflight = InFlight()  # awaited policy calls a pause, expiry or stop cuts short
         self.schedules = {m: Schedule(config.episodes_per_step(m), config.ratio)
                           for m in config.modes()}
@@ -319,6 +324,24 @@ class Producer:
                 await close()
         if self.weights is not None and self.weights.error is not None:
             raise self.weights.error  # the policy refused its weights: exit 1 with that line
+
+    async def _unless_stopped(self, step: Awaitable[None]) -> bool:
+        """Await `step` unless a stop comes first (then it is cancelled): True when it ran to
+        its end. Its errors propagate."""
+        assert self._stop is not None
+        task = asyncio.ensure_future(step)
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled():
+            return False
+        task.result()
+        return True
 
     async def _first_refresh(self, watcher: ControlWatcher) -> None:
         assert self._stop is not None

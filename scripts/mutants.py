@@ -382,6 +382,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_control.py::test_waiters_wake_in_chunks_with_other_work_between_and_none_is_lost",),
     ),
     Mutant(
+        "producer-stop-while-starting", "producers/producer.py",
+        "        task = asyncio.ensure_future(step)\n",
+        "        await step\n        return True\n        task = asyncio.ensure_future(step)\n",
+        "a stop while the policy starts (model servers not answering) ends the producer",
+        ("tests/test_llm_policy.py::test_sigterm_while_waiting_for_model_servers_exits_0",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

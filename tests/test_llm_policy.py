@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from helpers import ROOT, clean_env, small_config, wait_for
+from helpers import ROOT, clean_env, free_port, small_config, wait_for
 from llm_helpers import MODEL, fake_llm_factory
 
 from consumer import Batcher
@@ -214,6 +214,32 @@ def test_an_unknown_model_exits_1_at_start(fake_llm, r: redis.Redis, run: str,
     assert len(lines) == 1
     assert (f"model 'no-such-model' is unknown to every server ({server.base_url})"
             in lines[0])
+
+
+@pytest.mark.slow
+def test_sigterm_while_waiting_for_model_servers_exits_0(r: redis.Redis, run: str,
+                                                         redis_url: str) -> None:
+    # nothing listens there: the policy's start waits for a server to answer
+    config = two_tag_config([f"http://127.0.0.1:{free_port()}/v1"])
+    Batcher(r, config, run=run)
+    proc = start_producer(redis_url, run, clean_env(), log_level="INFO")
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # evidence first: the producer is inside its policy's start
+        seen.append(line)
+        if "waiting for model servers" in line:
+            break
+    assert seen and "waiting for model servers" in seen[-1], seen
+    proc.send_signal(signal.SIGTERM)  # one signal is enough to stop, as anywhere else
+    try:
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, "".join(seen) + out
+    assert "stopped while its policy was starting" in out
+    assert "Traceback" not in out
 
 
 @pytest.mark.slow
