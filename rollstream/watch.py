@@ -19,6 +19,7 @@ records, which count since their previous record, so one snapshot shows them.
                    "wanted", "complete", "partial", "version", "batches", "delivered"}],
      "dropped": {"stale", "late", "failed_groups", "val_discarded", "dead_letters"},
      "redis": {"used_mb", "peak_mb", "maxmemory_mb", "limit_mb"},
+     "model_servers": [{"url", "version", "model"}],  (what a trainer's ModelServers recorded)
      "warnings": [str]}
 """
 
@@ -34,6 +35,7 @@ from typing import Any, TextIO
 from schemas.config import RolloutConfig
 from schemas.errors import DecodeError
 from schemas.keys import CONSUMER_GROUP, Keys
+from schemas.policy import read_server_record
 from schemas.redisconn import SyncClient, server_ms
 from schemas.stats import BatcherRecord, ProducerRecord
 
@@ -78,6 +80,7 @@ def snapshot(client: SyncClient, keys: Keys, config: RolloutConfig,
     snap["batchers"] = _batchers(raw["batchers"])
     snap["dropped"] = _dropped(raw["batchers"], raw["dead"])
     snap["redis"] = _redis_memory(raw["memory"], limits)
+    snap["model_servers"] = _model_servers(raw["servers"])
     snap["warnings"] = warnings(snap, limits)
     return snap
 
@@ -94,8 +97,9 @@ def _read(client: SyncClient, keys: Keys, config: RolloutConfig) -> dict[str, An
     pipe.zrange(keys.producer_seen, 0, -1, withscores=True)
     pipe.hgetall(keys.batchers)
     pipe.xlen(keys.dead)
+    pipe.hgetall(keys.servers)
     names = ["version", "val_round", "pause", "stop", "beats", "stats", "seen",
-             "batchers", "dead"]
+             "batchers", "dead", "servers"]
     raw = dict(zip(names, pipe.execute(), strict=True))
     raw["now_ms"] = server_ms(client, keys.producers)
     raw["seen"] = [(_text(m), s) for m, s in raw["seen"]]
@@ -250,6 +254,17 @@ def _batchers(raw: dict[Any, bytes]) -> list[dict[str, Any]]:
     return out
 
 
+def _model_servers(raw: dict[Any, bytes]) -> list[dict[str, Any]]:
+    """What `{RUN}:servers` records (a trainer's `ModelServers`): the weight version each
+    model server holds."""
+    out = []
+    for url, value in sorted((_text(k), v) for k, v in raw.items()):
+        record = read_server_record(value)
+        if record is not None:
+            out.append({"url": url, "version": record[0], "model": record[1]})
+    return out
+
+
 def _dropped(raw: dict[Any, bytes], dead: int) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)
     for record in _batcher_records(raw):
@@ -287,6 +302,12 @@ def warnings(snap: dict[str, Any], limits: Limits) -> list[str]:
     for batcher in snap["batchers"]:
         if batcher["state"] == "waiting" and batcher["waiting_s"] > limits.wait_warn_s:
             out.append(_wait_warning(batcher, snap))
+    for server in snap.get("model_servers", []):
+        behind = snap["version"] - server["version"]
+        if behind > snap["ratio"]:
+            out.append(f"model server {server['url']} holds weight version {server['version']}, "
+                       f"{behind} behind the run's {snap['version']} (staleness bound "
+                       f"{snap['ratio']}): its turns would be stale")
     memory = snap["redis"]
     if memory["used_mb"] > memory["limit_mb"]:
         out.append(f"Redis uses {memory['used_mb']:.1f} MB, past the {memory['limit_mb']:.0f} MB "
@@ -368,6 +389,9 @@ def render_text(snap: dict[str, Any]) -> str:
     for b in snap["batchers"]:
         lines.append(f"  {b['consumer']} {_batcher_state(b)}, v{b['version']}, "
                      f"{b['batches']} batches, {b['delivered']} trajectories delivered")
+    if snap["model_servers"]:
+        lines.append("model servers: " + ", ".join(
+            f"{ms['url']} v{ms['version']}" for ms in snap["model_servers"]))
     d, m = snap["dropped"], snap["redis"]
     lines.append(f"dropped: stale {d['stale']:.0f}, late {d['late']:.0f}, failed groups "
                  f"{d['failed_groups']:.0f}, dead letters {d['dead_letters']}; redis "
@@ -434,6 +458,9 @@ def render_rich(snap: dict[str, Any]) -> Any:
     d = snap["dropped"]
     parts: list[Any] = [head, producers, modes]
     parts += [Text(f"batcher {b['consumer']}: {_batcher_state(b)}") for b in snap["batchers"]]
+    if snap["model_servers"]:
+        parts.append(Text("model servers: " + ", ".join(
+            f"{ms['url']} v{ms['version']}" for ms in snap["model_servers"])))
     parts.append(Text(f"dropped: stale {d['stale']:.0f}, late {d['late']:.0f}, failed groups "
                       f"{d['failed_groups']:.0f}, dead letters {d['dead_letters']}"))
     parts += [Text(f"! {w}", style="bold yellow") for w in snap["warnings"]]
