@@ -176,7 +176,10 @@ class Producer:
         """Ask the producer to stop (thread-safe; idempotent)."""
         self._stop_requested = True
         if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+            try:
+                self._loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:  # its loop is closed: the producer has already ended
+                pass
 
     # -- main --------------------------------------------------------------------------------
     async def _main(self) -> None:

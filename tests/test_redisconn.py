@@ -92,6 +92,7 @@ def test_a_producer_whose_control_loop_dies_exits_1(r, run, producer_thread):
     producer.thread.join(30)
     assert not producer.thread.is_alive(), "the producer ran on without its control loop"
     assert producer.result == [1]
+    producer.producer.request_stop()  # asking an ended producer to stop is harmless
 
 
 # -- acknowledged means replicated -----------------------------------------------------------
@@ -253,3 +254,28 @@ def test_acks_and_version_publishes_wait_for_replicas(replicated):
     assert batcher.unreplicated >= 2
     assert producer.stop() == 0
     client.close()
+
+
+def test_a_connection_closed_under_a_command_is_a_connection_error():
+    # redis-py's asyncio connection, disconnected by another task while a command is on its
+    # way (its cluster client disconnects a node's connections when the slot map changes)
+    import asyncio
+
+    import redis.asyncio.connection
+
+    from schemas.redisconn.clients import _dropped_mid_command
+
+    async def send_on_a_closed_connection() -> None:
+        conn = redis.asyncio.connection.Connection()
+        conn._writer = None  # what disconnect() leaves
+        await conn._send_packed_command([b"PING\r\n"])
+
+    with pytest.raises(AttributeError) as raised:
+        asyncio.run(send_on_a_closed_connection())
+    named = _dropped_mid_command(raised.value)
+    assert isinstance(named, redis.exceptions.ConnectionError), named
+    assert "writelines" in str(named)
+    try:  # an AttributeError of anyone else's code stays what it is
+        getattr(None, "writelines")  # noqa: B009
+    except AttributeError as exc:
+        assert _dropped_mid_command(exc) is exc
