@@ -323,11 +323,27 @@ def test_histogram_buckets_match_prometheus_clients_own():
     assert ours.count == len(values)
 
 
-def test_a_port_in_use_is_refused_with_its_number():
-    with socket.socket() as busy:
+def busy_port_after_a_free_one() -> tuple[socket.socket, int]:
+    """A listening socket on a port whose predecessor is free right now (for `up`, which
+    serves the trainer on P and producer 1 on P + 1)."""
+    for _ in range(100):
+        busy = socket.socket()
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port - 1))
+            except OSError:
+                busy.close()
+                continue
+        return busy, port
+    raise AssertionError("no free port below a busy one in 100 tries")
+
+
+def test_a_port_in_use_is_refused_with_its_number():
+    busy, port = busy_port_after_a_free_one()
+    with busy:
         with pytest.raises(ConfigError, match=f"--metrics-port {port}: cannot serve"):
             serve_metrics(lambda: [], port, "127.0.0.1")
         out = cli("produce", "--redis-url", "redis://127.0.0.1:1/0", "--run", "x",
