@@ -53,7 +53,13 @@ import redis as redis_lib
 
 from schemas.errors import ConfigError, ServerUpdateError
 from schemas.keys import Keys
-from schemas.policy import OpenAIPolicyConfig, read_server_record, server_record
+from schemas.policy import (
+    OpenAIPolicyConfig,
+    error_message,
+    read_server_record,
+    request_headers,
+    server_record,
+)
 
 if TYPE_CHECKING:
     from consumer.batcher import Batcher
@@ -94,9 +100,7 @@ class ModelServers:
         self.adapter_name = adapter_name
         self.timeout_s = timeout_s
         self.abort_requests = abort_requests
-        self._headers = {"Content-Type": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._headers = request_headers(api_key)
         head, _, tail = adapter_name.partition("{version}")
         self._adapter = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail))
 
@@ -248,12 +252,6 @@ def _root(base_url: str) -> str:
 
 
 def _message(data: Any) -> str:
-    """The error message of an answer (vLLM's `{"error": {"message"}}`, SGLang's
-    `{"message"}`), else its first 200 characters."""
-    if isinstance(data, dict):
-        error = data.get("error", data)
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])[:200]
-        if isinstance(error, str):
-            return error[:200]
-    return str(data)[:200]
+    """What a server said went wrong (see `error_message`), else its first 200 characters."""
+    message = error_message(data)
+    return str(data)[:200] if message is None else message

@@ -302,7 +302,7 @@ def warnings(snap: dict[str, Any], limits: Limits) -> list[str]:
     for batcher in snap["batchers"]:
         if batcher["state"] == "waiting" and batcher["waiting_s"] > limits.wait_warn_s:
             out.append(_wait_warning(batcher, snap))
-    for server in snap.get("model_servers", []):
+    for server in snap["model_servers"]:
         behind = snap["version"] - server["version"]
         if behind > snap["ratio"]:
             out.append(f"model server {server['url']} holds weight version {server['version']}, "
@@ -390,8 +390,7 @@ def render_text(snap: dict[str, Any]) -> str:
         lines.append(f"  {b['consumer']} {_batcher_state(b)}, v{b['version']}, "
                      f"{b['batches']} batches, {b['delivered']} trajectories delivered")
     if snap["model_servers"]:
-        lines.append("model servers: " + ", ".join(
-            f"{ms['url']} v{ms['version']}" for ms in snap["model_servers"]))
+        lines.append(_servers_line(snap))
     d, m = snap["dropped"], snap["redis"]
     lines.append(f"dropped: stale {d['stale']:.0f}, late {d['late']:.0f}, failed groups "
                  f"{d['failed_groups']:.0f}, dead letters {d['dead_letters']}; redis "
@@ -400,6 +399,11 @@ def render_text(snap: dict[str, Any]) -> str:
         lines.append("warnings:")
         lines += [f"  ! {w}" for w in snap["warnings"]]
     return "\n".join(lines)
+
+
+def _servers_line(snap: dict[str, Any]) -> str:
+    return "model servers: " + ", ".join(f"{ms['url']} v{ms['version']}"
+                                         for ms in snap["model_servers"])
 
 
 def _producer_tail(p: dict[str, Any]) -> str:
@@ -459,8 +463,7 @@ def render_rich(snap: dict[str, Any]) -> Any:
     parts: list[Any] = [head, producers, modes]
     parts += [Text(f"batcher {b['consumer']}: {_batcher_state(b)}") for b in snap["batchers"]]
     if snap["model_servers"]:
-        parts.append(Text("model servers: " + ", ".join(
-            f"{ms['url']} v{ms['version']}" for ms in snap["model_servers"])))
+        parts.append(Text(_servers_line(snap)))
     parts.append(Text(f"dropped: stale {d['stale']:.0f}, late {d['late']:.0f}, failed groups "
                       f"{d['failed_groups']:.0f}, dead letters {d['dead_letters']}"))
     parts += [Text(f"! {w}", style="bold yellow") for w in snap["warnings"]]

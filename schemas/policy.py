@@ -166,3 +166,25 @@ def read_server_record(raw: bytes | str) -> tuple[int, str | None] | None:
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
     return version, (str(model) if model is not None else None)
+
+
+# -- talking to OpenAI-compatible servers (the producers' pool and the trainer's updates) ------
+def request_headers(api_key: str | None) -> dict[str, str]:
+    """The headers of a JSON request to a model server, with the API key when there is one."""
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def error_message(answer: Any) -> str | None:
+    """The error message in a server's decoded answer (vLLM's `{"error": {"message"}}`,
+    SGLang's and older servers' `{"message"}`, or an error string), first 200 characters;
+    None when it holds none."""
+    if isinstance(answer, dict):
+        error = answer.get("error", answer)
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])[:200]
+        if isinstance(error, str):
+            return error[:200]
+    return None

@@ -193,14 +193,20 @@ def test_weight_update_aborts_in_flight_and_reports_the_version(fake_llm) -> Non
     assert http(f"{server.url}/model_info")[1]["weight_version"] == "3"
 
 
-def test_new_requests_wait_while_weights_load(fake_llm) -> None:
-    server = fake_llm(load_time_s=1.0)
-    messages, _ = game_messages("FrozenLake")
+def start_loading(server, version: str) -> threading.Thread:
+    """An update to `version` posted from a thread; returns once the server is loading."""
     updater = threading.Thread(target=lambda: http(
-        f"{server.url}/update_weights_from_disk", {"model_path": "p", "weight_version": "1"}))
+        f"{server.url}/update_weights_from_disk", {"model_path": "p", "weight_version": version}))
     updater.start()
     wait_for(lambda: server._loaded is not None and not server._loaded.is_set(), 5,
              what="the update to start")
+    return updater
+
+
+def test_new_requests_wait_while_weights_load(fake_llm) -> None:
+    server = fake_llm(load_time_s=1.0)
+    messages, _ = game_messages("FrozenLake")
+    updater = start_loading(server, "1")
     _, data = http(f"{server.base_url}/chat/completions", chat_body(messages))
     assert data["choices"][0]["finish_reason"] == "stop"
     assert data["metadata"] == {"weight_version": "1"}  # answered after the load
@@ -275,11 +281,7 @@ def test_command_line_refuses_bad_options_and_a_busy_port() -> None:
 def test_during_load_abort_answers_new_requests_with_abort(fake_llm) -> None:
     server = fake_llm(load_time_s=1.0, during_load="abort")
     messages, _ = game_messages("FrozenLake")
-    updater = threading.Thread(target=lambda: http(
-        f"{server.url}/update_weights_from_disk", {"model_path": "p", "weight_version": "2"}))
-    updater.start()
-    wait_for(lambda: server._loaded is not None and not server._loaded.is_set(), 5,
-             what="the update to start")
+    updater = start_loading(server, "2")
     status, data = http(f"{server.base_url}/chat/completions", chat_body(messages))
     assert status == 200 and data["choices"][0]["finish_reason"] == "abort"
     assert data["choices"][0]["message"]["content"] == ""

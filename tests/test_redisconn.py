@@ -263,19 +263,18 @@ def test_a_connection_closed_under_a_command_is_a_connection_error():
 
     import redis.asyncio.connection
 
-    from schemas.redisconn.clients import _dropped_mid_command
+    from schemas.redisconn.clients import _lost_connection_named
 
     async def send_on_a_closed_connection() -> None:
         conn = redis.asyncio.connection.Connection()
         conn._writer = None  # what disconnect() leaves
-        await conn._send_packed_command([b"PING\r\n"])
+        with _lost_connection_named():
+            await conn._send_packed_command([b"PING\r\n"])
 
-    with pytest.raises(AttributeError) as raised:
+    with pytest.raises(redis.exceptions.ConnectionError) as named:
         asyncio.run(send_on_a_closed_connection())
-    named = _dropped_mid_command(raised.value)
-    assert isinstance(named, redis.exceptions.ConnectionError), named
-    assert "writelines" in str(named)
-    try:  # an AttributeError of anyone else's code stays what it is
-        getattr(None, "writelines")  # noqa: B009
-    except AttributeError as exc:
-        assert _dropped_mid_command(exc) is exc
+    assert "writelines" in str(named.value)
+    assert isinstance(named.value.__cause__, AttributeError)
+    with pytest.raises(AttributeError):  # an AttributeError of anyone else's code stays one
+        with _lost_connection_named():
+            getattr(None, "writelines")  # noqa: B009

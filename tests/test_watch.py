@@ -143,7 +143,8 @@ def test_a_producer_whose_memory_per_env_grows_is_warned_about():
     small = {**steady, "envs": 10, "rss_per_env_mb": 2.0}  # only 10 MB more
     limits = Limits()
     snap = {"producers": [steady, grown, small], "modes": {}, "batchers": [],
-            "redis": {"used_mb": 1.0, "limit_mb": 10.0}, "dropped": {"dead_letters": 0}}
+            "model_servers": [], "redis": {"used_mb": 1.0, "limit_mb": 10.0},
+            "dropped": {"dead_letters": 0}}
     found = warnings(snap, limits)
     assert found == ["producer p1: memory per env grew from 1.00 to 2.00 MB (100 MB more over "
                      "100 envs)"]

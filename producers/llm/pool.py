@@ -37,6 +37,7 @@ import orjson
 
 from producers import metrics
 from schemas.errors import EpisodeFailed, PolicyError
+from schemas.policy import error_message, request_headers
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +114,7 @@ class ServerPool:
         self.max_retries = max_retries
         self.max_inflight = max_inflight
         self.cooldown_max_s = cooldown_max_s
-        self._headers = {"Content-Type": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._headers = request_headers(api_key)
         self._slots: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
         self._changed: asyncio.Event | None = None  # set when a server comes back
@@ -365,23 +364,23 @@ class ServerPool:
 
     def _mark_down(self, server: Server, exc: Exception) -> None:
         server.down = True
-        server.downs += 1
-        server.probing = False
-        server.retry_at = time.monotonic() + self._cooldown(server.downs)
+        self._cool_down(server)
         if not self._all_down:
             logger.warning("model server %s is down (%s); using the others", server.base_url,
                            exc)
 
     def _probe_failed(self, server: Server, exc: Exception) -> None:
-        server.downs += 1
-        server.probing = False
-        server.retry_at = time.monotonic() + self._cooldown(server.downs)
+        self._cool_down(server)
         logger.debug("model server %s still down: %s", server.base_url, exc)
         assert self._changed is not None
         self._changed.set()  # waiters recompute when to look again
 
-    def _cooldown(self, downs: int) -> float:
-        return min(COOLDOWN_S * 2 ** (downs - 1), self.cooldown_max_s)
+    def _cool_down(self, server: Server) -> None:
+        """One more failure in a row: the next try waits twice as long (up to the cap)."""
+        server.downs += 1
+        server.probing = False
+        server.retry_at = time.monotonic() + min(COOLDOWN_S * 2 ** (server.downs - 1),
+                                                 self.cooldown_max_s)
 
     def _mark_up(self, server: Server) -> None:
         if not server.down:
@@ -407,15 +406,10 @@ def _retry_at(server: Server) -> float:
 
 
 def _message(raw: bytes) -> str:
-    """The error message of an error body (vLLM's `{"error": {"message"}}`, older servers'
-    `{"message"}`), else its first 200 characters."""
+    """What an error body says went wrong (see `error_message`), else its first 200
+    characters."""
     try:
-        data = orjson.loads(raw)
-        error = data.get("error", data) if isinstance(data, dict) else data
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])[:200]
-        if isinstance(error, str):
-            return error[:200]
+        message = error_message(orjson.loads(raw))
     except ValueError:
-        pass
-    return raw[:200].decode(errors="replace")
+        message = None
+    return raw[:200].decode(errors="replace") if message is None else message

@@ -18,6 +18,8 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -203,47 +205,53 @@ async def async_client(url: str, **options: Any) -> AsyncClient:
     return made
 
 
-def _dropped_mid_command(exc: AttributeError) -> Exception:
+def _closed_under_a_command(exc: AttributeError) -> bool:
     """redis-py's asyncio connection raises `AttributeError: 'NoneType' object has no
     attribute 'writelines'` (or `read...`) when another task disconnected it while a
     command was on its way, which its cluster client does to every connection of a node
-    when the slot map changes (a failover). That is a lost connection: say so, as the
-    `ConnectionError` every caller retries. Any other AttributeError is a bug and stays one."""
+    when the slot map changes (a failover). True for that (raised inside redis-py): a lost
+    connection. Any other AttributeError is a bug and stays one."""
     if "'NoneType' object has no attribute" not in str(exc):
-        return exc
+        return False
     tb, last = exc.__traceback__, None
     while tb is not None:
         last, tb = tb, tb.tb_next
     where = last.tb_frame.f_code.co_filename.replace(os.sep, "/") if last else ""
-    if "/redis/" not in where:
-        return exc
-    return RedisConnectionError(f"connection closed under a command ({exc})")
+    return "/redis/" in where
+
+
+@contextmanager
+def _lost_connection_named() -> Iterator[None]:
+    """Raise a connection closed under a command as the `ConnectionError` it is, which
+    every caller retries."""
+    try:
+        yield
+    except AttributeError as exc:
+        if not _closed_under_a_command(exc):
+            raise
+        raise RedisConnectionError(f"connection closed under a command ({exc})") from exc
 
 
 class _ClusterPipeline(redis.asyncio.cluster.ClusterPipeline):
     async def execute(self, raise_on_error: bool = True,
                       allow_redirections: bool = True) -> list[Any]:
-        try:
+        with _lost_connection_named():
             return await super().execute(raise_on_error, allow_redirections)
-        except AttributeError as exc:
-            raise _dropped_mid_command(exc) from exc
 
 
 class _Cluster(redis.asyncio.cluster.RedisCluster):
     """redis-py's asyncio cluster client with its failover race named a connection error
-    (`_dropped_mid_command`); seen once in a test that kills a primary mid-run, where it
+    (`_closed_under_a_command`); seen once in a test that kills a primary mid-run, where it
     ended a producer's control poll with an AttributeError."""
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with _lost_connection_named():
             return await super().execute_command(*args, **kwargs)
-        except AttributeError as exc:
-            raise _dropped_mid_command(exc) from exc
 
     def pipeline(self, transaction: Any | None = None,
                  shard_hint: Any | None = None) -> redis.asyncio.cluster.ClusterPipeline:
-        if shard_hint:
-            raise RedisClusterException("shard_hint is deprecated in cluster mode")
+        if shard_hint:  # refused, with redis-py's own message
+            return super().pipeline(transaction, shard_hint)
         return _ClusterPipeline(self, transaction)  # type: ignore[abstract]
 
 
