@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 LEASES_MESSAGE = b"leases"  # on the control channel: rebalance shards now
 WAKE_CHUNK = 64  # waiters woken per event-loop pass (see `ControlState.wake_all`)
+SYNC_WAKE_CHUNK = 16  # the same in sync mode, where a resume wakes every env at once
 
 # One atomic read of the control keys (a script, not MULTI: see schemas.redisconn.ops).
 CONTROL_LUA = """
@@ -35,7 +36,8 @@ class ControlState:
     Thousands of env tasks wait here, so a wait is a bare future, not a timer each: the
     bound on every wait is the watcher's `wake_all()` every `wake_every_s` (and on stop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wake_chunk: int = WAKE_CHUNK) -> None:
+        self.wake_chunk = wake_chunk
         self.version = 0
         self.paused: frozenset[str] = frozenset()
         self.val_round = 0
@@ -58,10 +60,11 @@ class ControlState:
     def wake_all(self) -> None:
         """Wake every waiter and make every running episode re-check its gate.
 
-        Waiters are released `WAKE_CHUNK` per event-loop pass, not all in one: after a
+        Waiters are released `wake_chunk` per event-loop pass, not all in one: after a
         resume the envs' episodes start in chunks, so the committer gets the loop between
         chunks and trajectories reach Redis while the rest still play (the trainer decodes
-        them as they land, not all after the last one). Measured in
+        them as they land, not all after the last one). A sync producer uses smaller chunks
+        (`SYNC_WAKE_CHUNK`): every batch there starts with a resume. Measured in
         `bench/bench_handoff.py`: see docs/decisions.md (Performance)."""
         self.generation += 1
         if self._waiters:
@@ -69,7 +72,7 @@ class ControlState:
             self._release(waiters)
 
     def _release(self, waiters: deque[asyncio.Future[None]]) -> None:
-        for _ in range(min(WAKE_CHUNK, len(waiters))):
+        for _ in range(min(self.wake_chunk, len(waiters))):
             waiter = waiters.popleft()
             if not waiter.done():  # a wait given up (timed out, cancelled) is skipped
                 waiter.set_result(None)

@@ -20,7 +20,13 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from producers.commit import Committer, Outcome
-from producers.control import LEASES_MESSAGE, ControlState, ControlWatcher
+from producers.control import (
+    LEASES_MESSAGE,
+    SYNC_WAKE_CHUNK,
+    WAKE_CHUNK,
+    ControlState,
+    ControlWatcher,
+)
 from producers.envs import build_env
 from producers.leases import Leases, ShardId, claim_order, fair_share
 from producers.metrics import Held, ProducerStats
@@ -288,7 +294,7 @@ class Producer:
         self.inflight = InFlight()  # awaited policy calls a pause, expiry or stop cuts short
         self.schedules = {m: Schedule(config.episodes_per_step(m), config.ratio)
                           for m in config.modes()}
-        self.state = ControlState()
+        self.state = ControlState(SYNC_WAKE_CHUNK if config.is_sync else WAKE_CHUNK)
         watcher = ControlWatcher(redis, self.keys, self.state, self.poll_interval_s)
         self.watcher = watcher
         self.committer = Committer(redis, self.keys, self.producer_id, replicas=ReplicaWait(

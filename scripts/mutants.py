@@ -376,7 +376,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "control-wake-in-chunks", "producers/control.py",
-        "        for _ in range(min(WAKE_CHUNK, len(waiters))):",
+        "        for _ in range(min(self.wake_chunk, len(waiters))):",
         "        for _ in range(len(waiters)):",
         "waiting env tasks wake in chunks, with other work (the committer) between chunks",
         ("tests/test_control.py::test_waiters_wake_in_chunks_with_other_work_between_and_none_is_lost",),
