@@ -94,6 +94,21 @@ return 1
 """
 
 
+# Ack and delete entries of several streams in one call (all of a run's keys share a slot).
+DROP_LUA = """
+-- KEYS: streams; ARGV: consumer group, then per stream: n, then its n entry ids
+local at = 2
+for i = 1, #KEYS do
+  local n = tonumber(ARGV[at])
+  redis.call('XACK', KEYS[i], ARGV[1], unpack(ARGV, at + 1, at + n))
+  redis.call('XDEL', KEYS[i], unpack(ARGV, at + 1, at + n))
+  at = at + n + 1
+end
+return 1
+"""
+DROP_CHUNK = 1000  # entry ids per script call at most (Lua's unpack has a stack limit)
+
+
 @dataclass
 class GroupSlot:
     """The members of one (round, episode, group) seen so far."""
@@ -103,6 +118,7 @@ class GroupSlot:
     members: dict[int, tuple[Entry, dict[str, Any]]] = field(default_factory=dict)
     failed: list[Entry] = field(default_factory=list)
     priority: bool = False  # part of a batch handed out before a restart: deliver first
+    ready: bool = False  # complete, in its mode's ready heap
 
     def entries(self) -> list[Entry]:
         return [entry for entry, _ in self.members.values()] + self.failed
@@ -119,6 +135,7 @@ class ModeState:
     members: int
     groups: dict[GroupKey, GroupSlot] = field(default_factory=dict)
     ready: list[tuple[int, int, int, GroupKey]] = field(default_factory=list)
+    ready_count: int = 0  # groups in `ready` still held (the heap keeps evicted ones lazily)
     finished: dict[int, set[tuple[int, int]]] = field(default_factory=lambda: defaultdict(set))
     counters: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     recovered: bool = False
@@ -577,6 +594,8 @@ class Batcher:
             # oldest episode first; val orders by group so every round's batch is the same
             order = g if state.mode == "val" else slot.seq
             heapq.heappush(state.ready, (0 if slot.priority else 1, k, order, key))
+            slot.ready = True
+            state.ready_count += 1
         return []
 
     def _is_stale(self, state: ModeState, k: int, version_start: int) -> bool:
@@ -605,14 +624,13 @@ class Batcher:
 
     def _finish(self, state: ModeState, slot: GroupSlot) -> None:
         rnd, k, g = slot.key
-        state.groups.pop(slot.key, None)
+        if state.groups.pop(slot.key, None) is not None and slot.ready:
+            state.ready_count -= 1
         state.finished[g].add((rnd, k))
         state.held.difference_update(slot.entries())
 
     def _ready_count(self, state: ModeState) -> int:
-        while state.ready and state.ready[0][3] not in state.groups:
-            heapq.heappop(state.ready)  # evicted meanwhile
-        return sum(1 for item in state.ready if item[3] in state.groups)
+        return state.ready_count
 
     def _hand_out(self, state: ModeState, wanted: int, wait_s: float) -> Batch:
         chosen: list[tuple[tuple[int, int, int, GroupKey], GroupSlot]] = []
@@ -717,12 +735,23 @@ class Batcher:
         pipe.execute()
 
     def _queue_drop(self, pipe: Any, entries: list[Entry]) -> None:
+        """Ack and delete `entries`: one script call per `DROP_CHUNK` entries (a batch of
+        1024 over 128 streams was 256 commands; now it is one)."""
         by_stream: dict[str, list[str]] = defaultdict(list)
         for entry in entries:
             by_stream[entry.stream].append(entry.entry_id)
+        streams: list[str] = []
+        args: list[Any] = [CONSUMER_GROUP]
         for stream, ids in by_stream.items():
-            pipe.xack(stream, CONSUMER_GROUP, *ids)
-            pipe.xdel(stream, *ids)
+            for at in range(0, len(ids), DROP_CHUNK):
+                chunk = ids[at:at + DROP_CHUNK]
+                streams.append(stream)
+                args += [len(chunk), *chunk]
+                if len(args) > DROP_CHUNK:
+                    pipe.execute_command("EVAL", DROP_LUA, len(streams), *streams, *args)
+                    streams, args = [], [CONSUMER_GROUP]
+        if streams:
+            pipe.execute_command("EVAL", DROP_LUA, len(streams), *streams, *args)
 
     def _dead_letter(self, dead: list[tuple[Entry, bytes, str]]) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -753,13 +782,22 @@ class Batcher:
 def _gc_paused() -> Iterator[None]:
     """Decoding makes many small dicts and the batcher holds thousands of trajectories, so
     the cyclic GC would rescan them over and over (measured: ~40% of the batcher's CPU).
-    Messages have no reference cycles; collection resumes when the batch is handed out."""
+    Messages have no reference cycles; collection resumes when the batch is handed out.
+
+    What was allocated meanwhile is moved to the oldest generation unscanned (`freeze`, then
+    `unfreeze`, which moves the frozen objects there): otherwise the first young collection
+    after `enable` scans all of it (milliseconds on every hand-off). Cycles among them are
+    still found by the next full collection. Skipped in a process that froze objects itself
+    (its frozen set must stay frozen)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 

@@ -27,10 +27,12 @@ from helpers import (
     small_config,
     stream_lengths,
     stream_messages,
+    trajectory,
     wait_for,
 )
 
 from consumer import Batcher
+from schemas.codec import ENTRY_FIELD, encode_trajectory
 from schemas.errors import BatchTimeout
 from schemas.keys import CONSUMER_GROUP, Keys
 
@@ -336,6 +338,27 @@ def test_the_batcher_drops_trajectories_that_arrive_already_stale(r, run):
     assert set(batch.traj_group_ids) == {"train-2-2"}
     assert batch.metrics["scheduler/stale_dropped"] == 8
     assert batch.metrics["scheduler/staleness/max"] == 1
+
+
+def test_thousands_of_entries_dropped_at_once_are_all_acked_and_deleted(r, run):
+    # more stale entries of one stream in one read than Lua can unpack at once (~8000):
+    # the drop is split into several script calls
+    config = batcher_config()
+    keys = Keys(run)
+    batcher = Batcher(r, config, run=run, read_count=10_000)
+    publish(batcher)
+    publish(batcher)  # version 2: episode 0 is expired
+    pipe = r.pipeline(transaction=False)
+    for i in range(9000):
+        group = 0 if i < 8500 else 1
+        msg = trajectory("train", group, 0, i % 4, group_size=4)
+        pipe.xadd(keys.stream("train", group), {ENTRY_FIELD: encode_trajectory(msg)})
+    pipe.execute()
+    with pytest.raises(BatchTimeout):
+        batcher.get_batch(n=4, timeout_s=0.5)
+    assert batcher.totals["scheduler/stale_dropped"] == 9000
+    assert stream_lengths(r, keys, config) == [0, 0, 0, 0]
+    assert pending(r, keys, 0) == pending(r, keys, 1) == 0
 
 
 def test_a_trajectory_in_the_stream_twice_is_delivered_once_and_its_copy_deleted(r, run):

@@ -4,6 +4,7 @@ stops that only a deliberate command makes, exit codes, and liveness that tells 
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import ROOT, clean_env, small_config, wait_for
+from helpers import ROOT, add_group, clean_env, small_config, wait_for
 from helpers import run_cli as cli
 
 from consumer import Batcher
@@ -235,3 +236,19 @@ def test_publish_version_retried_after_a_lost_reply_moves_one_version(r, run, pr
 def test_the_published_config_holds_no_redis_url(r, run):
     Batcher(r, small_config(redis_url="redis://:hunter2@db:6379/0"), run=run)
     assert b"hunter2" not in r.get(Keys(run).config)
+
+
+def test_get_batch_leaves_the_young_gc_generations_empty(r, run):
+    """The objects a get_batch allocated with the collector paused go to the oldest
+    generation unscanned, so the trainer's next young collection does not walk them all."""
+    config = small_config(rollout_batch_size=16, async_generation_ratio=1,
+                          val_env_manager=None)
+    batcher = Batcher(r, config, run=run)
+    for group in range(4):
+        add_group(r, Keys(run), "train", group, 0, group_size=4)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    batch = batcher.get_batch(timeout_s=5)
+    young, middle, _ = gc.get_count()
+    assert len(batch) == 16
+    assert young < 50 and middle == 0, gc.get_count()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
