@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+import msgpack
 from redis.exceptions import NoScriptError
 
 from schemas.backoff import Backoff
@@ -34,23 +35,23 @@ logger = logging.getLogger(__name__)
 
 COMMIT_LUA = """
 -- KEYS: lease, cursor, pause, val_round, then one stream per trajectory
--- ARGV: producer, mode, round, n, then env_id, episode, data per trajectory
+-- ARGV: producer, mode, round, then one msgpack array: env_id, episode, data per trajectory
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-1} end
 if ARGV[2] == 'train' then
   if redis.call('SCARD', KEYS[3]) > 0 then return {-2} end
 else
   if tonumber(redis.call('GET', KEYS[4]) or '0') ~= tonumber(ARGV[3]) then return {-3} end
 end
-local n = tonumber(ARGV[4])
+local items = cmsgpack.unpack(ARGV[4])
 local out = {}
-for i = 1, n do
-  local env = ARGV[2 + 3 * i]
-  local k = tonumber(ARGV[3 + 3 * i])
+for i = 1, #items / 3 do
+  local env = items[3 * i - 2]
+  local k = items[3 * i - 1]
   local cur = tonumber(redis.call('HGET', KEYS[2], env) or '0')
   if cur > k then
     out[i] = 0
   else
-    redis.call('XADD', KEYS[4 + i], '*', 'data', ARGV[4 + 3 * i])
+    redis.call('XADD', KEYS[4 + i], '*', 'data', items[3 * i])
     redis.call('HSET', KEYS[2], env, k + 1)
     out[i] = 1
   end
@@ -70,7 +71,7 @@ class Outcome(IntEnum):
     STALE_ROUND = -3  # a val trajectory of a round that is over
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingCommit:
     mode: str
     shard: int
@@ -206,10 +207,13 @@ class Committer:
         for (mode, shard, round_), items in groups:
             script_keys = [keys.lease(mode, shard), keys.cursor(mode), keys.pause, keys.val_round]
             script_keys += [item.stream for item in items]
-            args: list[Any] = [self._producer_id, mode, round_, len(items)]
+            flat: list[Any] = []
             for item in items:
-                args += [item.env_id, item.episode_id, item.data]
-            queue_script(pipe, sha, script_keys, args)
+                flat += (item.env_id, item.episode_id, item.data)
+            # one argument for all of them (msgpack's str type: Lua strings are bytes): the
+            # client packs 4 arguments per shard instead of 3 per trajectory
+            packed = msgpack.packb(flat, use_bin_type=False)
+            queue_script(pipe, sha, script_keys, [self._producer_id, mode, round_, packed])
         if self._replicas is None:
             return await pipe.execute(raise_on_error=False), None
         sent_to = self._replicas.queue(pipe)
