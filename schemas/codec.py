@@ -7,6 +7,8 @@ bytes. A numpy array travels as the map `{"dtype": str, "shape": [int], "data": 
 
 from __future__ import annotations
 
+import itertools
+import operator
 from typing import Any
 
 import msgpack
@@ -42,6 +44,21 @@ REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "steps": list,
     "producer": str,
 }
+# The exact types msgpack decodes each required field to when the message is valid: every
+# valid row of types, so a message is checked with one tuple of types and one set lookup
+# (the field-by-field loop runs only to name what is wrong).
+def _exact_types(kind: type | tuple[type, ...]) -> set[type]:
+    """The types `isinstance(value, kind)` lets through, as msgpack makes them (a bool is
+    no int here: `isinstance(True, int)` is refused when `kind` is `int` alone)."""
+    kinds = set(kind) if isinstance(kind, tuple) else {kind}
+    if int in kinds and kind is not int:
+        kinds.add(bool)
+    return kinds
+
+
+_ALLOWED = {name: _exact_types(kind) for name, kind in REQUIRED_FIELDS.items()}
+_REQUIRED = operator.itemgetter(*REQUIRED_FIELDS)
+_VALID_TYPE_ROWS = frozenset(itertools.product(*_ALLOWED.values()))
 
 
 def _default(obj: Any) -> Any:
@@ -101,12 +118,16 @@ def decode_trajectory(data: bytes) -> dict[str, Any]:
     schema = msg.get("schema")
     if schema != SCHEMA_VERSION:
         raise DecodeError(f"unsupported schema {schema!r} (this reader knows {SCHEMA_VERSION})")
-    for name, kind in REQUIRED_FIELDS.items():
-        if name not in msg:
-            raise DecodeError(f"missing field {name!r}")
-        value = msg[name]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise DecodeError(f"field {name!r} has type {type(value).__name__}")
+    try:
+        valid = tuple(map(type, _REQUIRED(msg))) in _VALID_TYPE_ROWS
+    except KeyError:
+        valid = False
+    if not valid:
+        for name, allowed in _ALLOWED.items():
+            if name not in msg:
+                raise DecodeError(f"missing field {name!r}")
+            if type(msg[name]) not in allowed:
+                raise DecodeError(f"field {name!r} has type {type(msg[name]).__name__}")
     if msg["mode"] not in ("train", "val"):
         raise DecodeError(f"field 'mode' is {msg['mode']!r}, not train or val")
     if len(msg["steps"]) != msg["num_actions"]:

@@ -88,11 +88,15 @@ def test_wire_format_is_plain_msgpack():
         (encode_trajectory({k: v for k, v in trajectory().items() if k != "tag"}),
          "missing field 'tag'"),
         (encode_trajectory(trajectory(group_id="one")), "field 'group_id' has type str"),
+        (encode_trajectory(trajectory(episode_id=True)), "field 'episode_id' has type bool"),
+        (encode_trajectory(trajectory(success=1)), "field 'success' has type int"),
+        (encode_trajectory(trajectory(steps={})), "field 'steps' has type dict"),
         (encode_trajectory(trajectory(mode="test")), "field 'mode' is 'test'"),
         (encode_trajectory(trajectory(num_actions=2)), "num_actions is 2 but 1 steps came"),
     ],
 )
 def test_decode_refusals_say_why(data, needle):
+    assert decode_trajectory(encode_trajectory(trajectory()))["episode_id"] == 2  # the base
     with pytest.raises(DecodeError, match=needle):
         decode_trajectory(data)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections.abc import Callable
 from typing import Any
 
 from gymnasium import spaces
@@ -49,17 +50,26 @@ class RandomPolicy:
         return self.latency_s * math.exp(self.latency_sigma * stream.gauss(0.0, 1.0))
 
     def _sample(self, ctx: StepContext) -> tuple[Any, str | None]:
-        space = ctx.env.action_space
-        if isinstance(space, spaces.Discrete):
-            return int(space.start) + self._draw(ctx, int(space.n)), None
-        space.seed(int(ctx.rng.integers(2**31)))
-        return space.sample(), None
+        draw = ctx.scratch.get("draw")
+        if draw is None:
+            draw = ctx.scratch["draw"] = self._sampler(ctx)
+        return draw(), None
 
     @staticmethod
-    def _draw(ctx: StepContext, n: int) -> int:
-        """A uniform draw from the member's own `random.Random`, seeded by (episode seed,
-        member): reproducible, and ~8x cheaper per draw than a numpy generator call."""
-        stream = ctx.scratch.get("random")
-        if stream is None:
-            stream = ctx.scratch["random"] = random.Random(ctx.seed * 1_000_003 + ctx.member)
-        return stream.randrange(n)
+    def _sampler(ctx: StepContext) -> Callable[[], Any]:
+        """How this (episode, member) draws its actions, worked out once per episode. A
+        `Discrete` space draws from the member's own `random.Random`, seeded by (episode
+        seed, member): reproducible, and ~8x cheaper per draw than a numpy generator call;
+        any other space samples itself, reseeded from the member's numpy generator."""
+        space = ctx.env.action_space
+        if isinstance(space, spaces.Discrete):
+            start, n = int(space.start), int(space.n)
+            randrange = random.Random(ctx.seed * 1_000_003 + ctx.member).randrange
+            return lambda: start + randrange(n)
+        rng = ctx.rng
+
+        def sample() -> Any:
+            space.seed(int(rng.integers(2**31)))
+            return space.sample()
+
+        return sample
