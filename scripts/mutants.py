@@ -382,6 +382,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_control.py::test_waiters_wake_in_chunks_with_other_work_between_and_none_is_lost",),
     ),
     Mutant(
+        "control-sync-wake-chunk", "producers/producer.py",
+        "ControlState(SYNC_WAKE_CHUNK if config.is_sync else WAKE_CHUNK)",
+        "ControlState(WAKE_CHUNK)",
+        "a sync producer wakes its envs in the smaller chunks of its mode",
+        ("tests/test_control.py::test_a_producer_wakes_its_envs_in_the_chunks_of_its_mode",),
+    ),
+    Mutant(
         "producer-stop-while-starting", "producers/producer.py",
         "        task = asyncio.ensure_future(step)\n",
         "        await step\n        return True\n        task = asyncio.ensure_future(step)\n",
