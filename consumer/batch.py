@@ -6,9 +6,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
+
+_HEADER_FIELDS = ("traj_id", "traj_group_id", "group_id", "episode_id", "episode_score",
+                  "success", "num_actions", "version_start")
+_HEADER = itemgetter(*_HEADER_FIELDS)  # a trajectory's per-trajectory arrays, read in C
 
 
 class Entry(NamedTuple):
@@ -36,18 +41,23 @@ class Batch:
 
     def __post_init__(self) -> None:
         trajs = self.trajectories
-        self.traj_ids: list[str] = [t["traj_id"] for t in trajs]
-        self.traj_group_ids: list[str] = [t["traj_group_id"] for t in trajs]
-        self.group_ids = np.array([t["group_id"] for t in trajs], dtype=np.int64)
-        self.episode_ids = np.array([t["episode_id"] for t in trajs], dtype=np.int64)
-        self.scores = np.array([t["episode_score"] for t in trajs], dtype=np.float32)
-        self.success = np.array([t["success"] for t in trajs], dtype=bool)
-        self.num_actions = np.array([t["num_actions"] for t in trajs], dtype=np.int64)
-        self.version_start = np.array([t["version_start"] for t in trajs], dtype=np.int64)
-        # group_index: 0..groups-1, the index of each trajectory's group within this batch
-        _, self.group_index = np.unique(
-            np.array([t["traj_group_id"] for t in trajs]), return_inverse=True
-        )
+        rows = list(map(_HEADER, trajs))
+        columns = list(zip(*rows, strict=True)) if rows else [()] * len(_HEADER_FIELDS)
+        (traj_ids, group_keys, group_ids, episode_ids, scores, success, num_actions,
+         version_start) = columns
+        self.traj_ids: list[str] = list(traj_ids)
+        self.traj_group_ids: list[str] = list(group_keys)
+        self.group_ids = np.array(group_ids, dtype=np.int64)
+        self.episode_ids = np.array(episode_ids, dtype=np.int64)
+        self.scores = np.array(scores, dtype=np.float32)
+        self.success = np.array(success, dtype=bool)
+        self.num_actions = np.array(num_actions, dtype=np.int64)
+        self.version_start = np.array(version_start, dtype=np.int64)
+        # group_index: 0..groups-1, each trajectory's group within this batch, numbered in
+        # the order the groups come (members are adjacent, so 0, 0, ..., 1, 1, ...)
+        index: dict[str, int] = {}
+        self.group_index = np.array([index.setdefault(key, len(index)) for key in group_keys],
+                                    dtype=np.int64)
         # [trajectory, step] arrays, filled from one flat list each (row-major, as the mask)
         lengths = np.array([len(t["steps"]) for t in trajs], dtype=np.int64)
         width = int(lengths.max()) if trajs else 0

@@ -195,6 +195,8 @@ class Batcher:
         self._state_at = 0.0  # monotonic time the state record was last written
         self._states = {mode: self._new_state(mode) for mode in config.modes()}
         self._last_claim = 0.0
+        self._stream_names = {(mode, g): self.keys.stream(mode, g) for mode in config.modes()
+                              for g in range(config.manager(mode).num_env_groups)}
         self._owns_config = publish_config
         self._last_weights: tuple[int, bytes] | None = None  # put back if Redis loses them
         self._record_hand_out = client.register_script(HAND_OUT_LUA)
@@ -549,7 +551,8 @@ class Batcher:
             self._drop_entries(drop)
 
     def _check_entry(self, state: ModeState, stream: str, msg: dict[str, Any]) -> None:
-        expected = self.keys.stream(msg["mode"], msg["group_id"])
+        where = (msg["mode"], msg["group_id"])
+        expected = self._stream_names.get(where) or self.keys.stream(*where)
         if expected != stream:
             raise DecodeError(f"entry says mode {msg['mode']} group {msg['group_id']} but sits "
                               f"in {stream}")

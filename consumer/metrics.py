@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -62,10 +63,9 @@ class BatcherStats:
         commit (`finished_at`, the producer's clock) to now."""
         now = time.time()
         delivered = self.delivered
-        finished = np.empty(len(trajs))
-        for i, traj in enumerate(trajs):
-            delivered[(mode, traj["tag"])] += 1
-            finished[i] = traj.get("finished_at", now)
+        for tag, count in Counter(map(itemgetter("tag"), trajs)).items():
+            delivered[(mode, tag)] += count
+        finished = np.array([traj.get("finished_at", now) for traj in trajs], dtype=np.float64)
         self.wait[mode].observe(wait_s)
         self.latency[mode].observe_many(np.maximum(0.0, now - finished))
         self.batches += 1

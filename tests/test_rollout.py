@@ -57,6 +57,7 @@ def test_batches_hold_only_complete_groups_with_shared_seeds(r, run, producer_th
         first = [t for t in batch.trajectories if t["traj_group_id"] == batch.traj_group_ids[0]]
         assert len({tuple(s["action"] for s in t["steps"]) for t in first}) > 1
         assert batch.scores.shape == (8,) and batch.mask.shape[0] == 8
+        assert list(batch.group_index) == [0, 0, 0, 0, 1, 1, 1, 1]  # groups in batch order
         assert batch.mask.sum() == batch.num_actions.sum()
         batcher.ack(batch)
         batcher.publish_version()
