@@ -95,6 +95,7 @@ class Committer:
         self._max_batch = max_batch
         self._replicas = replicas if replicas is not None and replicas.enabled else None
         self._queue: list[PendingCommit] = []
+        self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
         self._sha: str | None = None
         self.committed = 0
@@ -105,12 +106,18 @@ class Committer:
         stream: str, data: bytes,
     ) -> Outcome:
         """Queue a commit and wait for its outcome."""
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        return await self.submit(mode, shard, round, env_id, episode_id, stream, data)
+
+    def submit(self, mode: str, shard: int, round: int, env_id: int, episode_id: int,
+               stream: str, data: bytes) -> asyncio.Future[Outcome]:
+        """Queue a commit; the future is its outcome (`commit` without a coroutine of its
+        own: the producer awaits the future directly)."""
+        future: asyncio.Future[Outcome] = self._loop.create_future()
         self._queue.append(
             PendingCommit(mode, shard, round, env_id, episode_id, stream, data, future)
         )
         self._wakeup.set()
-        return await future
+        return future
 
     async def run(self, stop: asyncio.Event, backoff: Backoff) -> None:
         """Flush until `stop` is set and the queue is empty. Redis errors back off and retry."""

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,8 @@ class EnvSlot:
     k: int = 0
     round: int = 0
     threaded: bool = False  # reset/step in a worker thread (an env that blocks)
+    text_step: Any = field(default=None, init=False, repr=False)  # the env's `step_text`
+    text_step_seen: bool = field(default=False, init=False, repr=False)  # looked up yet
 
 
 async def in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -166,8 +168,13 @@ async def play_episode(
     ctx = StepContext(env=env, seed=env_seed, version=0, mode=slot.mode,
                       group_id=slot.group_id, episode_id=k, member=slot.member, tag=slot.tag)
     act_now = getattr(policy, "act_now", None)  # a policy that needs no await per action
-    text_step = getattr(env.unwrapped, "step_text", None)
-    started = time.perf_counter()
+    if not slot.text_step_seen:  # looked up once per env (through its wrappers)
+        slot.text_step = getattr(env.unwrapped, "step_text", None)
+        slot.text_step_seen = True
+    text_step = slot.text_step
+    clock = time.perf_counter
+    env_step, threaded = env.step, slot.threaded  # looked up once, used every step
+    started = clock()
     policy_s = 0.0
     version_start: int | None = None
     steps: list[dict[str, Any]] = []
@@ -177,7 +184,7 @@ async def play_episode(
     version_of = acting_version or (lambda: control.version)
     acting = control.version
 
-    if slot.threaded:
+    if threaded:
         observation, info = await in_daemon_thread(env.reset, seed=env_seed)
     else:
         observation, info = env.reset(seed=env_seed)
@@ -189,16 +196,16 @@ async def play_episode(
             acting = version_of()
         step_version = ctx.version = acting
         ctx.turn = len(steps)
-        t0 = time.perf_counter()
+        t0 = clock()
         chosen = act_now(observation, ctx) if act_now is not None else None
         if chosen is None:
             chosen = await _act(policy, observation, ctx, inflight, must_stop)
             if chosen is None:  # cut short or aborted: the gate again, then the same turn
-                policy_s += time.perf_counter() - t0
+                policy_s += clock() - t0
                 seen = -1
                 continue
         action, response = chosen
-        policy_s += time.perf_counter() - t0
+        policy_s += clock() - t0
         turn_fields: dict[str, Any] | None = None
         if isinstance(response, Turn):
             turn_fields = response.wire_fields()
@@ -210,8 +217,8 @@ async def play_episode(
         if response is not None and text_step is not None:
             step_fn, arg = text_step, response  # the env parses the model's reply
         else:
-            step_fn, arg = env.step, action
-        if slot.threaded:
+            step_fn, arg = env_step, action
+        if threaded:
             next_obs, reward, terminated, truncated, info = await in_daemon_thread(step_fn, arg)
         else:
             next_obs, reward, terminated, truncated, info = step_fn(arg)
@@ -231,7 +238,7 @@ async def play_episode(
         score += reward
         observation = next_obs
 
-    wall_s = time.perf_counter() - started
+    wall_s = clock() - started
     return {
         **_identity(slot, k, env_seed, producer_id),
         "version_start": version_start if version_start is not None else control.version,

@@ -150,8 +150,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "producer-retry-seed", "producers/producer.py",
-        "play_episode(\n                    slot, seed=self.config.seed,",
-        "play_episode(\n                    slot, seed=self.config.seed + attempt,",
+        "play_episode(\n                        slot, seed=self.config.seed,",
+        "play_episode(\n                        slot, seed=self.config.seed + attempt,",
         "a retried episode is reset with the same seed",
         ("tests/test_rollout.py::test_failing_env_drops_its_group_and_counts_it",),
     ),
@@ -252,8 +252,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "producer-interrupt-expiry", "producers/producer.py",
-        "must_stop=lambda: self._verdict(run, slot, slot.k) is not True,",
-        "must_stop=lambda: bool(self.state.paused),",
+        '"must_stop": lambda: self._verdict(run, slot, slot.k) is not True,',
+        '"must_stop": lambda: bool(self.state.paused),',
         "an episode expiring mid-request has its request closed, not only a pause",
         (f"{GEN}::test_an_episode_expiring_mid_request_is_abandoned_and_its_request_closed",),
     ),

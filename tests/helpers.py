@@ -268,11 +268,17 @@ def record_acknowledged(monkeypatch: Any) -> list[str]:
     told: list[str] = []
 
     class RecordingCommitter(Committer):
-        async def commit(self, **kwargs: Any) -> Outcome:
-            outcome = await super().commit(**kwargs)
-            if outcome in (Outcome.COMMITTED, Outcome.DUPLICATE):
-                told.append(decode_trajectory(kwargs["data"])["traj_id"])
-            return outcome
+        def submit(self, *args: Any) -> Any:
+            future = super().submit(*args)
+            data = args[-1]
+
+            def note(done: Any) -> None:
+                if (not done.cancelled() and done.exception() is None
+                        and done.result() in (Outcome.COMMITTED, Outcome.DUPLICATE)):
+                    told.append(decode_trajectory(data)["traj_id"])
+
+            future.add_done_callback(note)
+            return future
 
     monkeypatch.setattr(producer_module, "Committer", RecordingCommitter)
     return told
