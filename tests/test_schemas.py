@@ -110,3 +110,33 @@ def test_keys_share_one_hash_slot_and_refuse_bad_run_names():
     for bad in ("", "a:b", "x{y}", "with space"):
         with pytest.raises(ValueError, match="run name"):
             Keys(bad)
+
+
+def test_an_encoding_error_leaves_nothing_behind_for_the_next_message():
+    """A message that fails half-way raises, and leaves nothing in front of the next one."""
+    with pytest.raises(TypeError):
+        encode_trajectory(trajectory(extra=np.array([object()], dtype=object)))
+    assert decode_trajectory(encode_trajectory(trajectory()))["episode_id"] == 2
+
+
+def test_trajectory_messages_are_the_bytes_msgpack_python_writes_and_reads():
+    """The trajectory codec (ormsgpack, for speed) and `pack`/`unpack` (msgpack-python) agree
+    byte for byte, so any msgpack library reads what producers write and writes what the
+    Batcher reads."""
+    msg = trajectory(
+        final_observation=np.arange(6, dtype="<f4").reshape(2, 3), success=np.bool_(True),
+        episode_score=np.float32(1.5), seed=2**63 - 1, tags=("a", "b"), blob=b"\x00\xff",
+        info={1: "an int key", "nested": {"x": [1.0, None, "é"]}}, long="x" * 70_000,
+    )
+    data = encode_trajectory(msg)
+    assert data == pack({"schema": msg.get("schema", 1), **msg})
+    decoded = decode_trajectory(data)
+    expected = unpack(data)
+    for arrays in (("final_observation",), ("steps", 0, "observation")):
+        *path, name = arrays
+        got, want = decoded, expected
+        for key in path:
+            got, want = got[key], want[key]
+        np.testing.assert_array_equal(got.pop(name), want.pop(name))
+    assert decoded == expected
+    assert decoded["info"][1] == "an int key" and decoded["blob"] == b"\x00\xff"
