@@ -19,7 +19,7 @@ from schemas.redisconn import REDIS_ERRORS, AsyncClient, ControlSubscription
 logger = logging.getLogger(__name__)
 
 LEASES_MESSAGE = b"leases"  # on the control channel: rebalance shards now
-WAKE_CHUNK = 64  # waiters woken per event-loop pass (see `ControlState.wake_all`)
+WAKE_CHUNK = 512  # waiters woken per event-loop pass in async mode (`ControlState.wake_all`)
 SYNC_WAKE_CHUNK = 16  # the same in sync mode, where a resume wakes every env at once
 
 # One atomic read of the control keys (a script, not MULTI: see schemas.redisconn.ops).
@@ -63,9 +63,12 @@ class ControlState:
         Waiters are released `wake_chunk` per event-loop pass, not all in one: after a
         resume the envs' episodes start in chunks, so the committer gets the loop between
         chunks and trajectories reach Redis while the rest still play (the trainer decodes
-        them as they land, not all after the last one). A sync producer uses smaller chunks
-        (`SYNC_WAKE_CHUNK`): every batch there starts with a resume. Measured in
-        `bench/bench_handoff.py`: see docs/decisions.md (Performance)."""
+        them as they land, not all after the last one). A sync producer uses small chunks
+        (`SYNC_WAKE_CHUNK`): every batch there starts with a resume, and the trainer waits
+        for its end. An async producer uses large ones: its envs run ahead of the trainer,
+        and fewer, larger passes commit in larger flushes. Measured in
+        `bench/bench_handoff.py` and `bench/bench_pipeline.py`: see docs/decisions.md
+        (Performance)."""
         self.generation += 1
         if self._waiters:
             waiters, self._waiters = self._waiters, deque()
