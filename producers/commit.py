@@ -43,19 +43,31 @@ else
   if tonumber(redis.call('GET', KEYS[4]) or '0') ~= tonumber(ARGV[3]) then return {-3} end
 end
 local items = cmsgpack.unpack(ARGV[4])
-local out = {}
-for i = 1, #items / 3 do
-  local env = items[3 * i - 2]
+local n = #items / 3
+local envs = {}
+for i = 1, n do envs[i] = items[3 * i - 2] end
+local read = redis.call('HMGET', KEYS[2], unpack(envs))  -- every cursor in one call
+local cursor = {}
+for i = 1, n do cursor[envs[i]] = tonumber(read[i] or '0') end
+local out, advanced = {}, {}
+for i = 1, n do
+  local env = envs[i]
   local k = items[3 * i - 1]
-  local cur = tonumber(redis.call('HGET', KEYS[2], env) or '0')
-  if cur > k then
+  if cursor[env] > k then
     out[i] = 0
   else
     redis.call('XADD', KEYS[4 + i], '*', 'data', items[3 * i])
-    redis.call('HSET', KEYS[2], env, k + 1)
+    cursor[env] = k + 1
+    advanced[#advanced + 1] = env
     out[i] = 1
   end
 end
+local fields = {}
+for _, env in ipairs(advanced) do
+  fields[#fields + 1] = env
+  fields[#fields + 1] = cursor[env]
+end
+if #fields > 0 then redis.call('HSET', KEYS[2], unpack(fields)) end
 return out
 """
 assert ENTRY_FIELD == b"data"  # the script writes this field name

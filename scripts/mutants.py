@@ -75,7 +75,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "commit-cursor-advance", "producers/commit.py",
-        "redis.call('HSET', KEYS[2], env, k + 1)",
+        "if #fields > 0 then redis.call('HSET', KEYS[2], unpack(fields)) end",
         "-- (mutant) cursor not advanced",
         "the commit advances the env's cursor, so a resend or a replay is a no-op",
         (f"{GUARDS}::test_a_commit_resent_after_a_lost_reply_is_in_the_stream_once",
@@ -83,7 +83,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "commit-cursor-check", "producers/commit.py",
-        "if cur > k then",
+        "if cursor[env] > k then",
         "if false then",
         "the commit is skipped when the cursor is already past the episode",
         (f"{GUARDS}::test_a_commit_resent_after_a_lost_reply_is_in_the_stream_once",),
