@@ -201,7 +201,8 @@ def main() -> None:
     with EmbeddedRedis() as server:
         url = args.redis_url or server.url
         print(f"random policy, latency {args.latency_s} s x exp({args.latency_sigma} z) per "
-              f"action, FrozenLake, async ratio 1, {os.cpu_count()} CPUs")
+              f"action, FrozenLake, {os.cpu_count()} CPUs; throughput: async ratio 2, batches "
+              "of 2048")
         base = None
         for count in [int(c) for c in args.counts.split(",") if c]:
             rate = throughput(url, count, args)
