@@ -696,18 +696,8 @@ class Producer:
         """After the first attempt at episode `slot.k` raised `first`: the retries, with the
         same seed; a failed trajectory once they are used up (None: abandoned)."""
         attempts = self.config.env_max_retries + 1
-        exc: Exception | None = first
+        exc = first
         for attempt in range(attempts):
-            if attempt > 0:
-                try:
-                    return await play_episode(
-                        slot, seed=self.config.seed, **self._play_args(run, slot))
-                except Abandoned:
-                    return None
-                except asyncio.CancelledError:
-                    raise
-                except Exception as raised:
-                    exc = raised
             error = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, EpisodeFailed):  # retrying cannot help (a model server's 4xx)
                 logger.warning("env %s (%s) episode %d failed: %s", slot.env_id, slot.tag,
@@ -717,6 +707,17 @@ class Producer:
             self.stats.env_error(slot.mode, slot.tag, retried=attempt + 1 < attempts)
             logger.warning("env %s (%s) episode %d raised on attempt %d/%d: %s",
                            slot.env_id, slot.tag, slot.k, attempt + 1, attempts, error)
+            if attempt + 1 == attempts:
+                break
+            try:
+                return await play_episode(
+                    slot, seed=self.config.seed, **self._play_args(run, slot))
+            except Abandoned:
+                return None
+            except asyncio.CancelledError:
+                raise
+            except Exception as raised:
+                exc = raised
         return failed_trajectory(slot, seed=self.config.seed, producer_id=self.producer_id,
                                  version=self.state.version, error=error)
 

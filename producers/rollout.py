@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,8 +43,6 @@ class EnvSlot:
     k: int = 0
     round: int = 0
     threaded: bool = False  # reset/step in a worker thread (an env that blocks)
-    text_step: Any = field(default=None, init=False, repr=False)  # the env's `step_text`
-    text_step_seen: bool = field(default=False, init=False, repr=False)  # looked up yet
 
 
 async def in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -168,10 +166,7 @@ async def play_episode(
     ctx = StepContext(env=env, seed=env_seed, version=0, mode=slot.mode,
                       group_id=slot.group_id, episode_id=k, member=slot.member, tag=slot.tag)
     act_now = getattr(policy, "act_now", None)  # a policy that needs no await per action
-    if not slot.text_step_seen:  # looked up once per env (through its wrappers)
-        slot.text_step = getattr(env.unwrapped, "step_text", None)
-        slot.text_step_seen = True
-    text_step = slot.text_step
+    text_step = getattr(env.unwrapped, "step_text", None)
     clock = time.perf_counter
     env_step, threaded = env.step, slot.threaded  # looked up once, used every step
     started = clock()

@@ -45,9 +45,8 @@ REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
     "steps": list,
     "producer": str,
 }
-# The exact types msgpack decodes each required field to when the message is valid: every
-# valid row of types, so a message is checked with one tuple of types and one set lookup
-# (the field-by-field loop runs only to name what is wrong).
+
+
 def _exact_types(kind: type | tuple[type, ...]) -> set[type]:
     """The types `isinstance(value, kind)` lets through, as msgpack makes them (a bool is
     no int here: `isinstance(True, int)` is refused when `kind` is `int` alone)."""
@@ -57,6 +56,9 @@ def _exact_types(kind: type | tuple[type, ...]) -> set[type]:
     return kinds
 
 
+# The exact types msgpack decodes each required field to when the message is valid, and
+# every valid row of them: a message is checked with one tuple of types and one set lookup
+# (the field-by-field loop runs only to name what is wrong).
 _ALLOWED = {name: _exact_types(kind) for name, kind in REQUIRED_FIELDS.items()}
 _REQUIRED = operator.itemgetter(*REQUIRED_FIELDS)
 _VALID_TYPE_ROWS = frozenset(itertools.product(*_ALLOWED.values()))
@@ -98,8 +100,8 @@ def unpack(data: bytes) -> Any:
 
 
 # Trajectory messages go through ormsgpack: byte for byte what `pack` writes (checked in
-# tests/test_schemas.py), 2-3x faster both ways; they are the hot path of every producer and
-# of the Batcher. Non-str map keys (an env's info) travel as in `pack`.
+# tests/test_schemas.py), faster both ways (docs/decisions.md); they are the hot path of
+# every producer and of the Batcher. Non-str map keys (an env's info) travel as in `pack`.
 _ORMSGPACK_OPTIONS = ormsgpack.OPT_NON_STR_KEYS
 
 

@@ -150,8 +150,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "producer-retry-seed", "producers/producer.py",
-        "play_episode(\n                        slot, seed=self.config.seed,",
-        "play_episode(\n                        slot, seed=self.config.seed + attempt,",
+        "play_episode(\n                    slot, seed=self.config.seed,",
+        "play_episode(\n                    slot, seed=self.config.seed + attempt + 1,",
         "a retried episode is reset with the same seed",
         ("tests/test_rollout.py::test_failing_env_drops_its_group_and_counts_it",),
     ),

@@ -32,10 +32,7 @@ class RandomPolicy:
         A subclass that overrides `act` gets `act` (the fast path would skip its override)."""
         if self.latency_s > 0 or type(self).act is not RandomPolicy.act:
             return None
-        draw = ctx.scratch.get("draw")
-        if draw is None:
-            draw = ctx.scratch["draw"] = self._sampler(ctx)
-        return draw(), None
+        return self._sample(ctx)
 
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None]:
         if self.latency_s > 0:
