@@ -25,8 +25,10 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -40,7 +42,7 @@ from schemas.config import RolloutConfig  # noqa: E402
 
 @dataclass
 class Run:
-    wall_s: float  # the timed steps, first batch excluded (producers warming up)
+    wall_s: float  # the timed steps, from the first batch (warm-up) to the last
     waits_s: list[float]
     staleness_max: int
     stale_dropped: float
@@ -59,35 +61,43 @@ def make_config(args: argparse.Namespace, ratio: int, batch: int) -> RolloutConf
 
 def run_steps(url: str, config: RolloutConfig, args: argparse.Namespace, train_s: float,
               steps: int) -> Run:
-    """Producers for a fresh run, then `steps` timed trainer steps after one warm-up step."""
+    """Producers for a fresh run, one warm-up batch, then `steps` timed trainer steps."""
     name = f"bench-async-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(url, socket_timeout=60)
     batcher = Batcher(client, config, run=name)
     procs = start_producers(url, name, args.producers, "WARNING")
-    waits: list[float] = []
-    staleness = 0
-    dropped = 0.0
     try:
-        started = 0.0
-        for step in range(steps + 1):
-            batch = batcher.get_batch("train", timeout_s=120)
-            if step == 0:
-                started = time.perf_counter()  # the clock starts once the pipeline runs
-            else:
-                waits.append(batch.metrics["time/get_batch_cost"])
-                staleness = max(staleness, int(batch.metrics["scheduler/staleness/max"]))
-                dropped += batch.metrics["scheduler/stale_dropped"]
-            if train_s:
-                time.sleep(train_s)  # the stand-in policy update
-            batcher.ack(batch)
-            batcher.publish_version()
-        wall = time.perf_counter() - started
+        return timed_steps(batcher, steps, lambda: time.sleep(train_s) if train_s else None)
     finally:
         batcher.stop_run()
         stop_processes(procs)
         for keys in _chunks(list(client.scan_iter(match="{" + name + "}:*", count=1000))):
             client.delete(*keys)
         client.close()
+
+
+def timed_steps(batcher: Any, steps: int, train: Callable[[], None],
+                clock: Callable[[], float] = time.perf_counter) -> Run:
+    """`steps` trainer steps, each the stand-in update on the batch in hand (`train`), its
+    ack and version publish, then the wait for the next batch. The clock runs from the first
+    batch (the producers' warm-up is not timed) to the last: `steps` updates and `steps`
+    rollout waits, what the bound `(R_sync + T) / max(T, R_free)` counts per step. The last
+    batch is acked untrained."""
+    batch = batcher.get_batch("train", timeout_s=120)
+    started = clock()
+    waits: list[float] = []
+    staleness = 0
+    dropped = 0.0
+    for _ in range(steps):
+        train()
+        batcher.ack(batch)
+        batcher.publish_version()
+        batch = batcher.get_batch("train", timeout_s=120)
+        waits.append(batch.metrics["time/get_batch_cost"])
+        staleness = max(staleness, int(batch.metrics["scheduler/staleness/max"]))
+        dropped += batch.metrics["scheduler/stale_dropped"]
+    wall = clock() - started
+    batcher.ack(batch)
     return Run(wall, waits, staleness, dropped)
 
 
