@@ -169,15 +169,12 @@ async def play_episode(
     text_step = getattr(env.unwrapped, "step_text", None)
     clock = time.perf_counter
     env_step, threaded = env.step, slot.threaded  # looked up once, used every step
+    append = (steps := []).append
     started = clock()
-    policy_s = 0.0
-    version_start: int | None = None
-    steps: list[dict[str, Any]] = []
-    score = 0.0
+    policy_s = score = 0.0
     terminated = truncated = False
     seen = -1  # the control generation the gate last passed
     version_of = acting_version or (lambda: control.version)
-    acting = control.version
 
     if threaded:
         observation, info = await in_daemon_thread(env.reset, seed=env_seed)
@@ -188,8 +185,7 @@ async def play_episode(
             seen = control.generation
             if not await gate():
                 raise Abandoned(f"episode {k} of env {slot.env_id}")
-            acting = version_of()
-        step_version = ctx.version = acting
+            ctx.version = version_of()
         ctx.turn = len(steps)
         t0 = clock()
         chosen = act_now(observation, ctx) if act_now is not None else None
@@ -201,42 +197,24 @@ async def play_episode(
                 continue
         action, response = chosen
         policy_s += clock() - t0
-        turn_fields: dict[str, Any] | None = None
-        if isinstance(response, Turn):
-            turn_fields = response.wire_fields()
-            if response.version is not None:
-                step_version = response.version  # the weights that really generated it
-            response = response.text
-        if version_start is None:
-            version_start = step_version
-        if response is not None and text_step is not None:
-            step_fn, arg = text_step, response  # the env parses the model's reply
+        if response is None and not threaded:  # an action, no model text: the common step
+            next_obs, reward, terminated, truncated, info = env_step(action)
+            reward = float(reward)
+            append({"observation": observation, "action": action, "reward": reward,
+                    "version": ctx.version, "info": _clean_info(info)})
         else:
-            step_fn, arg = env_step, action
-        if threaded:
-            next_obs, reward, terminated, truncated, info = await in_daemon_thread(step_fn, arg)
-        else:
-            next_obs, reward, terminated, truncated, info = step_fn(arg)
-        reward = float(reward)
-        step: dict[str, Any] = {
-            "observation": observation,
-            "action": action,
-            "reward": reward,
-            "version": step_version,
-            "info": _clean_info(info),
-        }
-        if response is not None:
-            step["response"] = response
-        if turn_fields:
-            step.update(turn_fields)
-        steps.append(step)
+            next_obs, reward, terminated, truncated, info = await _model_step(
+                response, action, text_step, env_step, threaded)
+            reward = float(reward)
+            append(_model_record(observation, action, reward, ctx.version, info, response))
         score += reward
         observation = next_obs
 
     wall_s = clock() - started
     return {
         **_identity(slot, k, env_seed, producer_id),
-        "version_start": version_start if version_start is not None else control.version,
+        # the versions of the first and last steps (the weights that chose them)
+        "version_start": steps[0]["version"] if steps else control.version,
         "version_end": steps[-1]["version"] if steps else control.version,
         "episode_score": score,
         "success": bool(info.get("success", False)),
@@ -251,6 +229,39 @@ async def play_episode(
         "wall_time_s": wall_s,
         "finished_at": time.time(),
     }
+
+
+async def _model_step(response: Any, action: Any, text_step: Callable[[Any], Any] | None,
+                      env_step: Callable[[Any], Any], threaded: bool) -> tuple[Any, ...]:
+    """Step the env with a model's reply (a text env parses it: `step_text`) or the action."""
+    text = response.text if isinstance(response, Turn) else response
+    if text is not None and text_step is not None:
+        step_fn, arg = text_step, text
+    else:
+        step_fn, arg = env_step, action
+    if threaded:
+        return await in_daemon_thread(step_fn, arg)
+    return step_fn(arg)
+
+
+def _model_record(observation: Any, action: Any, reward: float, version: int,
+                  info: dict[str, Any], response: Any) -> dict[str, Any]:
+    """A step's record with the model's reply: its text, and for a `Turn` its token fields
+    and the version that really generated it."""
+    step: dict[str, Any] = {"observation": observation, "action": action, "reward": reward,
+                            "version": version, "info": _clean_info(info)}
+    if isinstance(response, Turn):
+        turn_fields = response.wire_fields()
+        if response.version is not None:
+            step["version"] = response.version  # the weights that really generated it
+        response = response.text
+    else:
+        turn_fields = None
+    if response is not None:
+        step["response"] = response
+    if turn_fields:
+        step.update(turn_fields)
+    return step
 
 
 async def _act(policy: Policy, observation: Any, ctx: StepContext, inflight: InFlight | None,

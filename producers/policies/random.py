@@ -25,14 +25,18 @@ class RandomPolicy:
     def __init__(self, latency_s: float = 0.0, latency_sigma: float = 0.0):
         self.latency_s = latency_s
         self.latency_sigma = latency_sigma
+        # the fast path, decided once: no latency to simulate, and `act` not overridden (a
+        # subclass that overrides `act` gets `act`: the fast path would skip its override)
+        self._now = latency_s <= 0 and type(self).act is RandomPolicy.act
 
     def act_now(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None] | None:
-        """The action without an await (no latency to simulate), else None: use `act`.
-
-        A subclass that overrides `act` gets `act` (the fast path would skip its override)."""
-        if self.latency_s > 0 or type(self).act is not RandomPolicy.act:
+        """The action without an await (no latency to simulate), else None: use `act`."""
+        if not self._now:
             return None
-        return self._sample(ctx)
+        draw = ctx.scratch.get("draw")
+        if draw is None:
+            draw = ctx.scratch["draw"] = self._sampler(ctx)
+        return draw()
 
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None]:
         if self.latency_s > 0:
@@ -53,23 +57,26 @@ class RandomPolicy:
         draw = ctx.scratch.get("draw")
         if draw is None:
             draw = ctx.scratch["draw"] = self._sampler(ctx)
-        return draw(), None
+        return draw()
 
     @staticmethod
-    def _sampler(ctx: StepContext) -> Callable[[], Any]:
-        """How this (episode, member) draws its actions, worked out once per episode. A
-        `Discrete` space draws from the member's own `random.Random`, seeded by (episode
-        seed, member): reproducible, and ~8x cheaper per draw than a numpy generator call;
-        any other space samples itself, reseeded from the member's numpy generator."""
+    def _sampler(ctx: StepContext) -> Callable[[], tuple[Any, None]]:
+        """How this (episode, member) draws its (action, no response) pairs, worked out once
+        per episode. A `Discrete` space draws from the member's own `random.Random`, seeded
+        by (episode seed, member): reproducible, and ~8x cheaper per draw than a numpy
+        generator call; any other space samples itself, reseeded from the member's numpy
+        generator."""
         space = ctx.env.action_space
         if isinstance(space, spaces.Discrete):
             start, n = int(space.start), int(space.n)
             randrange = random.Random(ctx.seed * 1_000_003 + ctx.member).randrange
-            return lambda: start + randrange(n)
+            if start == 0:
+                return lambda: (randrange(n), None)
+            return lambda: (start + randrange(n), None)
         rng = ctx.rng
 
-        def sample() -> Any:
+        def sample() -> tuple[Any, None]:
             space.seed(int(rng.integers(2**31)))
-            return space.sample()
+            return space.sample(), None
 
         return sample
