@@ -83,6 +83,9 @@ class Outcome(IntEnum):
     STALE_ROUND = -3  # a val trajectory of a round that is over
 
 
+OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # a script's code -> its Outcome
+
+
 @dataclass(slots=True)
 class PendingCommit:
     mode: str
@@ -195,7 +198,7 @@ class Committer:
             if len(codes) == 1 and codes[0] < 0:  # a refusal covers the whole shard
                 codes = codes * len(items)
             for item, code in zip(items, codes, strict=True):
-                if self._settle(item, Outcome(code), short):
+                if self._settle(item, OUTCOMES[code], short):
                     unsent.append(item)
         if short is not None and unsent and error is None:
             self.unreplicated += 1

@@ -139,17 +139,19 @@ def decode_trajectory(data: bytes) -> dict[str, Any]:
                 raise DecodeError(f"field {name!r} has type {type(msg[name]).__name__}")
     if msg["mode"] not in ("train", "val"):
         raise DecodeError(f"field 'mode' is {msg['mode']!r}, not train or val")
-    if len(msg["steps"]) != msg["num_actions"]:
-        raise DecodeError(f"num_actions is {msg['num_actions']} but {len(msg['steps'])} steps "
-                          "came")
-    for step in msg["steps"]:
+    steps = msg["steps"]
+    if len(steps) != msg["num_actions"]:
+        raise DecodeError(f"num_actions is {msg['num_actions']} but {len(steps)} steps came")
+    for step in steps:
         if type(step) is not dict or "action" not in step or "reward" not in step:
             raise DecodeError("a step lacks 'action' or 'reward'")
-        for name in STEP_ARRAY_FIELDS:
-            if type(step.get(name)) is dict:
-                step[name] = _as_array(step[name])
-    if type(msg.get("final_observation")) is dict:
-        msg["final_observation"] = _as_array(msg["final_observation"])
+    if b"dtype" in data:  # an array's map has a "dtype" key: without those bytes, no arrays
+        for step in steps:
+            for name in STEP_ARRAY_FIELDS:
+                if type(step.get(name)) is dict:
+                    step[name] = _as_array(step[name])
+        if type(msg.get("final_observation")) is dict:
+            msg["final_observation"] = _as_array(msg["final_observation"])
     return msg
 
 
