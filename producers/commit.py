@@ -35,28 +35,29 @@ logger = logging.getLogger(__name__)
 
 COMMIT_LUA = """
 -- KEYS: lease, cursor, pause, val_round, then one stream per trajectory
--- ARGV: producer, mode, round, then one msgpack array: env_id, episode, data per trajectory
+-- ARGV: producer, mode, round, one msgpack array of env_id, episode per trajectory, then
+-- each trajectory's data (its own argument: a string entering Lua is hashed byte by byte)
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-1} end
 if ARGV[2] == 'train' then
   if redis.call('SCARD', KEYS[3]) > 0 then return {-2} end
 else
   if tonumber(redis.call('GET', KEYS[4]) or '0') ~= tonumber(ARGV[3]) then return {-3} end
 end
-local items = cmsgpack.unpack(ARGV[4])
-local n = #items / 3
+local ids = cmsgpack.unpack(ARGV[4])
+local n = #ids / 2
 local envs = {}
-for i = 1, n do envs[i] = items[3 * i - 2] end
+for i = 1, n do envs[i] = ids[2 * i - 1] end
 local read = redis.call('HMGET', KEYS[2], unpack(envs))  -- every cursor in one call
 local cursor = {}
 for i = 1, n do cursor[envs[i]] = tonumber(read[i] or '0') end
 local out, advanced = {}, {}
 for i = 1, n do
   local env = envs[i]
-  local k = items[3 * i - 1]
+  local k = ids[2 * i]
   if cursor[env] > k then
     out[i] = 0
   else
-    redis.call('XADD', KEYS[4 + i], '*', 'data', items[3 * i])
+    redis.call('XADD', KEYS[4 + i], '*', 'data', ARGV[4 + i])
     cursor[env] = k + 1
     advanced[#advanced + 1] = env
     out[i] = 1
@@ -229,13 +230,14 @@ class Committer:
         for (mode, shard, round_), items in groups:
             script_keys = [keys.lease(mode, shard), keys.cursor(mode), keys.pause, keys.val_round]
             script_keys += [item.stream for item in items]
-            flat: list[Any] = []
+            ids: list[int] = []
             for item in items:
-                flat += (item.env_id, item.episode_id, item.data)
-            # one argument for all of them (msgpack's str type: Lua strings are bytes): the
-            # client packs 4 arguments per shard instead of 3 per trajectory
-            packed = msgpack.packb(flat, use_bin_type=False)
-            queue_script(pipe, sha, script_keys, [self._producer_id, mode, round_, packed])
+                ids += (item.env_id, item.episode_id)
+            # the ids as one argument, each trajectory's data as its own: Redis hashes every
+            # byte of a string that enters Lua, so the data must not also travel packed
+            queue_script(pipe, sha, script_keys, [self._producer_id, mode, round_,
+                                                  msgpack.packb(ids),
+                                                  *[item.data for item in items]])
         if self._replicas is None:
             return await pipe.execute(raise_on_error=False), None
         sent_to = self._replicas.queue(pipe)
