@@ -69,3 +69,10 @@ def test_bench_replicas_prints_both_settings():
     out = bench("bench/bench_replicas.py", "--seconds", "2", "--repeat", "1",
                 "--producers", "1", "--commits", "50", "--warmup-batches", "1", timeout=240)
     assert "min_replicas 0" in out and "min_replicas 1" in out, out
+
+
+def test_bench_costs_prints_each_part():
+    out = bench("bench/bench_costs.py", "--rounds", "1", "--seconds", "1", "--episodes", "50")
+    for part in ("episode code:", "producer alone:", "trainer alone:", "decode:"):
+        assert part in out, out
+    assert "us per trajectory" in out, out

@@ -1,0 +1,265 @@
+"""Where a trajectory's CPU goes, part by part, on the seed's train block (FrozenLake, random
+policy): what `bench/bench_pipeline.py` measures as a whole, taken apart.
+
+    python bench/bench_costs.py [--rounds 5] [--seconds 5] [--redis-url URL]
+
+- `episode code`: the producers' `play_episode` in one process against the bare gymnasium
+  loop over the same envs and seeds (the plain loop of bench_pipeline), rounds interleaved;
+  the difference is what recording an episode costs beyond playing it.
+- `producer alone`: one `Producer` in this process holding every shard, admission never
+  waiting (a large ratio), no trainer (streams trimmed on the side): its CPU and the Redis
+  server's CPU per committed trajectory.
+- `trainer alone`: a `Batcher` handing out batches of 1024 from streams filled beforehand
+  with real messages (get_batch, ack, publish_version): its CPU per trajectory.
+- `decode`: `decode_trajectory` per message.
+
+Each part prints the median over its rounds in microseconds per trajectory; compare parts
+within one run (this machine's speed drifts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import random
+import statistics
+import sys
+import threading
+import time
+import uuid
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis  # noqa: E402
+
+from consumer import Batcher  # noqa: E402
+from producers.control import ControlState  # noqa: E402
+from producers.envs import make_env  # noqa: E402
+from producers.policies.random import RandomPolicy  # noqa: E402
+from producers.producer import Producer, tune_gc  # noqa: E402
+from producers.rollout import EnvSlot, play_episode  # noqa: E402
+from rollstream.embedded import EmbeddedRedis  # noqa: E402
+from schemas.codec import decode_trajectory, encode_trajectory  # noqa: E402
+from schemas.config import RolloutConfig  # noqa: E402
+from schemas.keys import Keys  # noqa: E402
+from schemas.seeding import episode_seed  # noqa: E402
+
+GROUPS, MEMBERS = 128, 8  # the seed's train block: 1024 envs, 16 per shard
+
+
+def seed_config(ratio: int) -> RolloutConfig:
+    return RolloutConfig.from_dict({
+        "rollout_batch_size": GROUPS * MEMBERS, "async_generation_ratio": ratio, "seed": 42,
+        "train_env_manager": {"max_env_num_per_worker": 16, "num_env_groups": GROUPS,
+                              "group_size": MEMBERS, "tags": ["FrozenLake"]},
+    })
+
+
+def median_us(samples: list[float]) -> str:
+    return f"{statistics.median(samples):7.1f} us"
+
+
+# -- episode code ----------------------------------------------------------------------------
+def bare_loop(config: RolloutConfig, envs: list[Any], episodes: int, first_k: int) -> float:
+    """CPU seconds per episode of the bare loop: reset with the episode seed, random actions."""
+    started = time.process_time()
+    for i in range(episodes):
+        env = envs[i % len(envs)]
+        seed = episode_seed(config.seed, "train", i % GROUPS, first_k + i // GROUPS)
+        actions = random.Random(seed)
+        env.reset(seed=seed)
+        done = False
+        while not done:
+            _, _, terminated, truncated, _ = env.step(actions.randrange(4))
+            done = terminated or truncated
+    return (time.process_time() - started) / episodes
+
+
+def episode_code(config: RolloutConfig, envs: list[Any], episodes: int, first_k: int) -> float:
+    """CPU seconds per episode of `play_episode` (trajectory messages built) on the same envs."""
+    slots = [EnvSlot(mode="train", env_id=i, group_id=0, member=i % MEMBERS, shard=0,
+                     tag="FrozenLake", env=env) for i, env in enumerate(envs)]
+    policy, control = RandomPolicy(), ControlState()
+
+    async def open_gate() -> bool:
+        return True
+
+    async def loop() -> None:
+        for i in range(episodes):
+            slot = slots[i % len(slots)]
+            slot.group_id, slot.k = i % GROUPS, first_k + i // GROUPS
+            await play_episode(slot, seed=config.seed, producer_id="bench", policy=policy,
+                               control=control, gate=open_gate)
+
+    started = time.process_time()
+    asyncio.run(loop())
+    return (time.process_time() - started) / episodes
+
+
+def part_episode_code(config: RolloutConfig, rounds: int, episodes: int) -> None:
+    spec = config.env_spec("FrozenLake")
+    envs = [make_env(spec.env_id, spec.env_config) for _ in range(16)]
+    bare: list[float] = []
+    code: list[float] = []
+    episode_code(config, envs, episodes // 4, 10**6)  # warm-up, not counted
+    for r in range(rounds):  # interleaved; every episode a fresh seed for both
+        bare.append(bare_loop(config, envs, episodes, 2000 * r) * 1e6)
+        code.append(episode_code(config, envs, episodes, 2000 * r + 1000) * 1e6)
+    extra = [c - b for b, c in zip(bare, code, strict=True)]
+    print(f"episode code: bare gymnasium loop {median_us(bare)}, play_episode "
+          f"{median_us(code)}, recording an episode costs {median_us(extra)} more", flush=True)
+
+
+# -- producer alone --------------------------------------------------------------------------
+def redis_cpu_s(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def producer_alone(url: str, seconds: float) -> tuple[float, float]:
+    """(producer CPU, Redis CPU) seconds per committed trajectory."""
+    config = seed_config(ratio=1_000_000)  # admission never waits: no trainer here
+    client = redis.Redis.from_url(url, socket_timeout=30)
+    run = f"bench-costs-{uuid.uuid4().hex[:8]}"
+    Batcher(client, config, run=run)  # publishes the config
+    keys = Keys(run)
+    stop = threading.Event()
+
+    def trim() -> None:  # keep the streams short, as a trainer's acks would
+        while not stop.wait(0.5):
+            pipe = client.pipeline(transaction=False)
+            for g in range(GROUPS):
+                pipe.xtrim(keys.stream("train", g), maxlen=100, approximate=True)
+            pipe.execute()
+
+    trimmer = threading.Thread(target=trim, daemon=True)
+    trimmer.start()
+    producer = Producer(url, run, handle_signals=False, seconds=seconds)
+    threshold = gc.get_threshold()
+    tune_gc()  # as `rollstream produce` does in its process
+    redis0, cpu0 = redis_cpu_s(client), time.thread_time()
+    try:
+        producer.run()
+        cpu = time.thread_time() - cpu0  # this thread's: the trimmer is not the producer
+        redis_used = redis_cpu_s(client) - redis0
+    finally:
+        gc.unfreeze()  # the trainer part runs with the collector as a trainer has it
+        gc.set_threshold(*threshold)
+        stop.set()
+        trimmer.join(5)
+        _delete_run(client, run)
+        client.close()
+    committed = max(1, producer.committed)
+    return cpu / committed, redis_used / committed
+
+
+def part_producer(url: str, rounds: int, seconds: float) -> None:
+    runs = [producer_alone(url, seconds) for _ in range(rounds)]
+    print(f"producer alone: CPU {median_us([p * 1e6 for p, _ in runs])} per trajectory, "
+          f"Redis {median_us([r * 1e6 for _, r in runs])}", flush=True)
+
+
+# -- trainer alone ---------------------------------------------------------------------------
+def messages(config: RolloutConfig, batches: int) -> list[tuple[int, bytes]]:
+    """(group, encoded message) for `batches` episodes of every env of the block."""
+    spec = config.env_spec("FrozenLake")
+    env = make_env(spec.env_id, spec.env_config)
+    policy, control = RandomPolicy(), ControlState()
+    out: list[tuple[int, bytes]] = []
+
+    async def open_gate() -> bool:
+        return True
+
+    async def build() -> None:
+        for k in range(batches):
+            for env_id in range(GROUPS * MEMBERS):
+                slot = EnvSlot(mode="train", env_id=env_id, group_id=env_id // MEMBERS,
+                               member=env_id % MEMBERS, shard=env_id // 16, tag="FrozenLake",
+                               env=env, k=k)
+                traj = await play_episode(slot, seed=config.seed, producer_id="bench",
+                                          policy=policy, control=control, gate=open_gate)
+                out.append((slot.group_id, encode_trajectory(traj)))
+
+    asyncio.run(build())
+    return out
+
+
+def trainer_alone(url: str, config: RolloutConfig, filled: list[tuple[int, bytes]],
+                  batches: int) -> float:
+    """Trainer CPU seconds per trajectory over `batches` batches of streams filled first."""
+    client = redis.Redis.from_url(url, socket_timeout=30)
+    run = f"bench-costs-{uuid.uuid4().hex[:8]}"
+    try:
+        batcher = Batcher(client, config, run=run)
+        keys = Keys(run)
+        pipe = client.pipeline(transaction=False)
+        for group, data in filled:
+            pipe.xadd(keys.stream("train", group), {"data": data})
+        pipe.execute()
+        handed = 0
+        started = time.process_time()
+        for _ in range(batches):
+            batch = batcher.get_batch("train", timeout_s=30)
+            handed += len(batch)
+            batcher.ack(batch)
+            batcher.publish_version()
+            del batch  # freeing a batch is part of a trainer's cost
+        return (time.process_time() - started) / handed
+    finally:
+        _delete_run(client, run)
+        client.close()
+
+
+def part_trainer(url: str, rounds: int) -> list[tuple[int, bytes]]:
+    config = seed_config(ratio=4)  # nothing filled beforehand goes stale
+    filled = messages(config, batches=3)
+    runs = [trainer_alone(url, config, filled, batches=3) * 1e6 for _ in range(rounds)]
+    print(f"trainer alone: CPU {median_us(runs)} per trajectory (batches of 1024: get_batch, "
+          "ack, publish_version)", flush=True)
+    return filled
+
+
+def part_decode(filled: list[tuple[int, bytes]], rounds: int) -> None:
+    """As the Batcher decodes: with the collector paused."""
+    datas = [data for _, data in filled]
+    runs: list[float] = []
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            started = time.process_time()
+            for data in datas:
+                decode_trajectory(data)
+            runs.append((time.process_time() - started) / len(datas) * 1e6)
+    finally:
+        gc.enable()
+    size = sum(map(len, datas)) / len(datas)
+    print(f"decode: {median_us(runs)} per message ({size:.0f} bytes)", flush=True)
+
+
+def _delete_run(client: redis.Redis, run: str) -> None:
+    keys = list(client.scan_iter(match="{" + run + "}:*", count=1000))
+    for at in range(0, len(keys), 500):
+        client.delete(*keys[at:at + 500])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=5.0, help="per producer-alone round")
+    parser.add_argument("--episodes", type=int, default=3000, help="per episode-code round")
+    parser.add_argument("--redis-url", default=None, help="default: an embedded server")
+    args = parser.parse_args()
+    part_episode_code(seed_config(ratio=1), args.rounds, args.episodes)
+    with EmbeddedRedis() if args.redis_url is None else nullcontext() as server:
+        url = args.redis_url or server.url
+        part_producer(url, args.rounds, args.seconds)
+        filled = part_trainer(url, args.rounds)
+    part_decode(filled, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
