@@ -169,7 +169,8 @@ async def play_episode(
     text_step = getattr(env.unwrapped, "step_text", None)
     clock = time.perf_counter
     env_step, threaded = env.step, slot.threaded  # looked up once, used every step
-    append = (steps := []).append
+    steps: list[dict[str, Any]] = []
+    append = steps.append
     started = clock()
     policy_s = score = 0.0
     terminated = truncated = False
