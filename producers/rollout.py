@@ -200,14 +200,15 @@ async def play_episode(
         policy_s += clock() - t0
         if response is None and not threaded:  # an action, no model text: the common step
             next_obs, reward, terminated, truncated, info = env_step(action)
-            reward = float(reward)
-            append({"observation": observation, "action": action, "reward": reward,
-                    "version": ctx.version, "info": _clean_info(info)})
         else:
             next_obs, reward, terminated, truncated, info = await _model_step(
                 response, action, text_step, env_step, threaded)
-            reward = float(reward)
-            append(_model_record(observation, action, reward, ctx.version, info, response))
+        reward = float(reward)
+        step = {"observation": observation, "action": action, "reward": reward,
+                "version": ctx.version, "info": _clean_info(info)}
+        if response is not None:
+            _add_reply(step, response)
+        append(step)
         score += reward
         observation = next_obs
 
@@ -245,24 +246,16 @@ async def _model_step(response: Any, action: Any, text_step: Callable[[Any], Any
     return step_fn(arg)
 
 
-def _model_record(observation: Any, action: Any, reward: float, version: int,
-                  info: dict[str, Any], response: Any) -> dict[str, Any]:
-    """A step's record with the model's reply: its text, and for a `Turn` its token fields
+def _add_reply(step: dict[str, Any], response: Any) -> None:
+    """Add a model's reply to a step's record: its text, and for a `Turn` its token fields
     and the version that really generated it."""
-    step: dict[str, Any] = {"observation": observation, "action": action, "reward": reward,
-                            "version": version, "info": _clean_info(info)}
-    if isinstance(response, Turn):
-        turn_fields = response.wire_fields()
-        if response.version is not None:
-            step["version"] = response.version  # the weights that really generated it
-        response = response.text
-    else:
-        turn_fields = None
-    if response is not None:
+    if not isinstance(response, Turn):
         step["response"] = response
-    if turn_fields:
-        step.update(turn_fields)
-    return step
+        return
+    if response.version is not None:
+        step["version"] = response.version  # the weights that really generated it
+    step["response"] = response.text
+    step.update(response.wire_fields())
 
 
 async def _act(policy: Policy, observation: Any, ctx: StepContext, inflight: InFlight | None,

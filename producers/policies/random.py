@@ -31,12 +31,7 @@ class RandomPolicy:
 
     def act_now(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None] | None:
         """The action without an await (no latency to simulate), else None: use `act`."""
-        if not self._now:
-            return None
-        draw = ctx.scratch.get("draw")
-        if draw is None:
-            draw = ctx.scratch["draw"] = self._sampler(ctx)
-        return draw()
+        return self._sample(ctx) if self._now else None
 
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None]:
         if self.latency_s > 0:
@@ -70,8 +65,6 @@ class RandomPolicy:
         if isinstance(space, spaces.Discrete):
             start, n = int(space.start), int(space.n)
             randrange = random.Random(ctx.seed * 1_000_003 + ctx.member).randrange
-            if start == 0:
-                return lambda: (randrange(n), None)
             return lambda: (start + randrange(n), None)
         rng = ctx.rng
 
