@@ -671,6 +671,9 @@ class Producer:
                         return
             finally:
                 in_flight[mode] -= 1
+                # let the trajectory go before the next episode: this frame lives as long as
+                # the env, and holding the last one doubled a waiting env's memory
+                traj, data = None, b""
 
     def _give_up(self, run: ShardRun, slot: EnvSlot, k: int) -> bool:
         """Episode `k` was abandoned. Staying: move past it (True). Leaving: keep the cursor,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -282,3 +283,17 @@ def record_acknowledged(monkeypatch: Any) -> list[str]:
 
     monkeypatch.setattr(producer_module, "Committer", RecordingCommitter)
     return told
+
+
+class HoldsSecondEpisode:
+    """A policy (`type: python, entrypoint: helpers:HoldsSecondEpisode`) that plays episode 0
+    at once and holds the first turn of any later episode until it is cancelled, setting
+    `holding` when it gets there (evidence that the env's next episode is in flight)."""
+
+    holding = threading.Event()
+
+    async def act(self, observation: Any, ctx: Any) -> tuple[int, None]:
+        if ctx.episode_id >= 1:
+            HoldsSecondEpisode.holding.set()
+            await asyncio.Event().wait()
+        return 0, None

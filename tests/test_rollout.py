@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import inspect
 import time
 from collections import Counter
 from typing import Any
@@ -14,11 +16,13 @@ from helpers import (
     SLEEPY_ENV_ID,
     SLOW_BUILD_ENV_ID,
     BrokenEnv,
+    HoldsSecondEpisode,
     publish,
     small_config,
     wait_for,
 )
 
+import producers.producer
 from consumer import Batcher
 from producers.policies import StepContext
 from producers.policies.random import RandomPolicy
@@ -384,3 +388,26 @@ class SlowMembersPolicy(RandomPolicy):
         if ctx.member in self.slow:
             await asyncio.sleep(self.delay_s)
         return await super().act(observation, ctx)
+
+
+def test_a_committed_trajectory_is_let_go_while_the_env_plays_on(r, run, producer_thread,
+                                                                  monkeypatch):
+    """Memory per env: once an episode is committed, nothing of the producer's env loop holds
+    its trajectory while the env plays (or waits in) its next episode. Seen with the env's
+    second episode held in flight by its policy, from the referrers of the committed dict."""
+    committed: list[dict[str, Any]] = []
+    encode = producers.producer.encode_trajectory
+    monkeypatch.setattr(producers.producer, "encode_trajectory",
+                        lambda traj: committed.append(traj) or encode(traj))
+    config = small_config(
+        rollout_batch_size=1, async_generation_ratio=1,  # episode 1 is admitted at version 0
+        train_env_manager={"max_env_num_per_worker": 1, "num_env_groups": 1, "group_size": 1},
+        policy={"type": "python", "entrypoint": "helpers:HoldsSecondEpisode"})
+    Batcher(r, config, run=run)
+    HoldsSecondEpisode.holding.clear()
+    producer_thread()
+    wait_for(HoldsSecondEpisode.holding.is_set, what="the env's second episode in flight")
+    assert r.xlen(Keys(run).stream("train", 0)) == 1 and len(committed) == 1
+    holders = [o for o in gc.get_referrers(committed[0])
+               if inspect.iscoroutine(o) or inspect.isframe(o)]
+    assert holders == []
