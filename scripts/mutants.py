@@ -396,6 +396,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_llm_policy.py::test_sigterm_while_waiting_for_model_servers_exits_0",),
     ),
     Mutant(
+        "producer-lets-trajectory-go", "producers/producer.py",
+        '                traj, data = None, b""\n',
+        "                pass\n",
+        "an env's loop lets its committed trajectory go before the next episode (memory per env)",
+        ("tests/test_rollout.py::test_a_committed_trajectory_is_let_go_while_the_env_plays_on",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'
