@@ -628,6 +628,7 @@ class Producer:
         mode = slot.mode
         state = self.state
         committer = self.committer
+        stream = self.keys.stream(mode, slot.group_id)  # an env's group never changes
         while not self._leaving(run):
             if not ready(slot):
                 await state.wait_change()
@@ -648,7 +649,6 @@ class Producer:
                         continue
                     return
                 data = encode_trajectory(traj)
-                stream = self.keys.stream(mode, slot.group_id)
                 while True:
                     outcome = await committer.submit(mode, slot.shard, slot.round, slot.env_id,
                                                       k, stream, data)
