@@ -19,7 +19,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from schemas.connection import mask_url
 from schemas.stats import (
@@ -127,18 +126,20 @@ class ProducerStats:
         return counts
 
     # events
-    def committed(self, mode: str, tag: str, traj: dict[str, Any]) -> None:
+    def committed(self, mode: str, tag: str, failed: bool, success: bool,
+                  num_actions: int) -> None:
+        """A trajectory was committed: whether it is a failed one, its success, its actions."""
         counts = self._tag(mode, tag)
         counts.committed += 1
         counts.recent_committed += 1
-        if traj.get("failed"):
+        if failed:
             counts.failed += 1
             return
-        success = 1 if traj["success"] else 0
-        counts.successes += success
-        counts.recent_successes += success
-        counts.actions += traj["num_actions"]
-        counts.recent_actions += traj["num_actions"]
+        won = 1 if success else 0
+        counts.successes += won
+        counts.recent_successes += won
+        counts.actions += num_actions
+        counts.recent_actions += num_actions
 
     def refused_commit(self, mode: str, reason: str) -> None:
         self.refused[(mode, reason)] += 1

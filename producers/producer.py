@@ -649,11 +649,17 @@ class Producer:
                         continue
                     return
                 data = encode_trajectory(traj)
+                # what the counters need, then the trajectory goes while its objects are
+                # still in cache (a commit waits for its flush; freeing them cold after it,
+                # measured with py-spy, was ~4% of a producer)
+                failed, success, actions = traj.get("failed", False), traj["success"], \
+                    traj["num_actions"]
+                traj = None
                 while True:
                     outcome = await committer.submit(mode, slot.shard, slot.round, slot.env_id,
                                                       k, stream, data)
                     if outcome is Outcome.COMMITTED:
-                        self.stats.committed(mode, slot.tag, traj)
+                        self.stats.committed(mode, slot.tag, failed, success, actions)
                     else:
                         self.stats.refused_commit(mode, REFUSALS[outcome])
                     if outcome is Outcome.COMMITTED or outcome is Outcome.DUPLICATE:

@@ -162,8 +162,8 @@ def test_the_memory_baseline_is_taken_once_the_env_count_holds():
 
 def test_records_round_trip_and_skip_fields_they_do_not_know():
     stats = ProducerStats("p")
-    stats.committed("train", "FrozenLake", {"success": True, "num_actions": 3})
-    stats.committed("train", "FrozenLake", {"failed": True, "success": False, "num_actions": 0})
+    stats.committed("train", "FrozenLake", False, True, 3)
+    stats.committed("train", "FrozenLake", True, False, 0)
     record = stats.record()
     back = ProducerRecord.decode(record.encode())
     assert back == record
