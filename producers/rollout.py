@@ -157,8 +157,9 @@ async def play_episode(
     compare. Each step records `acting_version()` as read after the gate last passed (default
     the run's version; for a policy with weights, the version of the weights it holds).
     With `inflight`, an awaited `act` runs there and `must_stop()` says when a control change
-    must cut it short; a turn cut short, or one the server aborted (`TurnAborted`), is sent
-    again once the gate passes (or the episode is abandoned).
+    must cut it short (False: the gate would pass now, so it is not awaited); a turn cut
+    short, or one the server aborted (`TurnAborted`), is sent again once the gate passes (or
+    the episode is abandoned).
     Env exceptions propagate; the caller retries with the same seed.
     """
     k = slot.k
@@ -166,7 +167,6 @@ async def play_episode(
     ctx = StepContext(env=env, seed=env_seed, version=0, mode=slot.mode,
                       group_id=slot.group_id, episode_id=k, member=slot.member, tag=slot.tag)
     act_now = getattr(policy, "act_now", None)  # a policy that needs no await per action
-    text_step = getattr(env.unwrapped, "step_text", None)
     clock = time.perf_counter
     env_step, threaded = env.step, slot.threaded  # looked up once, used every step
     steps: list[dict[str, Any]] = []
@@ -184,7 +184,8 @@ async def play_episode(
     while not (terminated or truncated):
         if control.generation != seen:
             seen = control.generation
-            if not await gate():
+            # `must_stop()` False is the gate's verdict "go on": no coroutine to learn it
+            if (must_stop is None or must_stop()) and not await gate():
                 raise Abandoned(f"episode {k} of env {slot.env_id}")
             ctx.version = version_of()
         ctx.turn = len(steps)
@@ -202,7 +203,7 @@ async def play_episode(
             next_obs, reward, terminated, truncated, info = env_step(action)
         else:
             next_obs, reward, terminated, truncated, info = await _model_step(
-                response, action, text_step, env_step, threaded)
+                response, action, env, env_step, threaded)
         reward = float(reward)
         step = {"observation": observation, "action": action, "reward": reward,
                 "version": ctx.version, "info": _clean_info(info)}
@@ -233,11 +234,12 @@ async def play_episode(
     }
 
 
-async def _model_step(response: Any, action: Any, text_step: Callable[[Any], Any] | None,
-                      env_step: Callable[[Any], Any], threaded: bool) -> tuple[Any, ...]:
+async def _model_step(response: Any, action: Any, env: Any, env_step: Callable[[Any], Any],
+                      threaded: bool) -> tuple[Any, ...]:
     """Step the env with a model's reply (a text env parses it: `step_text`) or the action."""
     text = response.text if isinstance(response, Turn) else response
-    if text is not None and text_step is not None:
+    text_step = getattr(env.unwrapped, "step_text", None) if text is not None else None
+    if text_step is not None:
         step_fn, arg = text_step, text
     else:
         step_fn, arg = env_step, action
