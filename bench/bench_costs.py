@@ -64,13 +64,21 @@ def median_us(samples: list[float]) -> str:
 
 
 # -- episode code ----------------------------------------------------------------------------
+def block_order(i: int, first_k: int) -> tuple[int, int, int]:
+    """(group, episode k, member) of the `i`-th trajectory, in the order producers play the
+    block: a group's members one after another, with the one seed of the group's episode."""
+    return (i // MEMBERS) % GROUPS, first_k + i // (MEMBERS * GROUPS), i % MEMBERS
+
+
 def bare_loop(config: RolloutConfig, envs: list[Any], episodes: int, first_k: int) -> float:
-    """CPU seconds per episode of the bare loop: reset with the episode seed, random actions."""
+    """CPU seconds per episode of the bare loop: reset with the episode seed, random actions
+    (the member's own, as the random policy draws them)."""
     started = time.process_time()
     for i in range(episodes):
         env = envs[i % len(envs)]
-        seed = episode_seed(config.seed, "train", i % GROUPS, first_k + i // GROUPS)
-        actions = random.Random(seed)
+        group, k, member = block_order(i, first_k)
+        seed = episode_seed(config.seed, "train", group, k)  # cached: once per group episode
+        actions = random.Random(seed * 1_000_003 + member)
         env.reset(seed=seed)
         done = False
         while not done:
@@ -81,7 +89,7 @@ def bare_loop(config: RolloutConfig, envs: list[Any], episodes: int, first_k: in
 
 def episode_code(config: RolloutConfig, envs: list[Any], episodes: int, first_k: int) -> float:
     """CPU seconds per episode of `play_episode` (trajectory messages built) on the same envs."""
-    slots = [EnvSlot(mode="train", env_id=i, group_id=0, member=i % MEMBERS, shard=0,
+    slots = [EnvSlot(mode="train", env_id=i, group_id=0, member=0, shard=0,
                      tag="FrozenLake", env=env) for i, env in enumerate(envs)]
     policy, control = RandomPolicy(), ControlState()
 
@@ -91,7 +99,7 @@ def episode_code(config: RolloutConfig, envs: list[Any], episodes: int, first_k:
     async def loop() -> None:
         for i in range(episodes):
             slot = slots[i % len(slots)]
-            slot.group_id, slot.k = i % GROUPS, first_k + i // GROUPS
+            slot.group_id, slot.k, slot.member = block_order(i, first_k)
             await play_episode(slot, seed=config.seed, producer_id="bench", policy=policy,
                                control=control, gate=open_gate)
 

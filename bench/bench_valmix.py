@@ -65,7 +65,9 @@ def tag_loop(config: RolloutConfig, tag: str, seconds: float) -> dict[str, float
         trajs = steps = wire = 0
         started = time.perf_counter()
         while time.perf_counter() - started < seconds:
-            slot.group_id, slot.k = trajs % 256, trajs // 256
+            # a val round replays episode 0 of each group, as the producers do (its seed
+            # derived once, then cached)
+            slot.group_id, slot.k = trajs % 256, 0
             traj = await play_episode(slot, seed=config.seed, producer_id="plain",
                                       policy=policy, control=control, gate=_open_gate)
             wire += len(encode_trajectory(traj))
