@@ -399,8 +399,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "producer-lets-trajectory-go", "producers/producer.py",
         '                traj, data = None, b""\n',
         "                pass\n",
-        "an env's loop lets its committed trajectory go before the next episode (memory per env)",
+        "an env's loop lets its committed trajectory's bytes go before the next episode "
+        "(memory per env)",
         ("tests/test_rollout.py::test_a_committed_trajectory_is_let_go_while_the_env_plays_on",),
+    ),
+    Mutant(
+        "producer-commits-bytes-only", "producers/producer.py",
+        "                traj = None\n                while True:",
+        "                pass\n                while True:",
+        "a commit waits with the encoded bytes only, the trajectory's objects already let go",
+        ("tests/test_rollout.py::test_a_trajectory_waits_for_its_commit_as_bytes_only",),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",

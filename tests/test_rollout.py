@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -22,6 +23,7 @@ from helpers import (
     wait_for,
 )
 
+import producers.commit
 import producers.producer
 from consumer import Batcher
 from producers.policies import StepContext
@@ -396,9 +398,15 @@ def test_a_committed_trajectory_is_let_go_while_the_env_plays_on(r, run, produce
     its trajectory while the env plays (or waits in) its next episode. Seen with the env's
     second episode held in flight by its policy, from the referrers of the committed dict."""
     committed: list[dict[str, Any]] = []
+    encoded: list[bytes] = []
     encode = producers.producer.encode_trajectory
-    monkeypatch.setattr(producers.producer, "encode_trajectory",
-                        lambda traj: committed.append(traj) or encode(traj))
+
+    def spy(traj: dict[str, Any]) -> bytes:
+        committed.append(traj)
+        encoded.append(encode(traj))
+        return encoded[-1]
+
+    monkeypatch.setattr(producers.producer, "encode_trajectory", spy)
     config = small_config(
         rollout_batch_size=1, async_generation_ratio=1,  # episode 1 is admitted at version 0
         train_env_manager={"max_env_num_per_worker": 1, "num_env_groups": 1, "group_size": 1},
@@ -408,6 +416,35 @@ def test_a_committed_trajectory_is_let_go_while_the_env_plays_on(r, run, produce
     producer_thread()
     wait_for(HoldsSecondEpisode.holding.is_set, what="the env's second episode in flight")
     assert r.xlen(Keys(run).stream("train", 0)) == 1 and len(committed) == 1
+    for held in (committed[0], encoded[0]):  # neither the message nor its bytes
+        holders = [o for o in gc.get_referrers(held)
+                   if inspect.iscoroutine(o) or inspect.isframe(o)]
+        assert holders == [], type(held)
+
+
+def test_a_trajectory_waits_for_its_commit_as_bytes_only(r, run, producer_thread, monkeypatch):
+    """While a commit waits for its answer (a flush, a Redis outage's backoff), the env's loop
+    holds the encoded bytes, not the trajectory's objects (several times their size, and
+    freed cold after the wait). Seen with the commit's answer held back: the referrers of the
+    encoded dict while its commit is pending."""
+    committed: list[dict[str, Any]] = []
+    submitted = threading.Event()
+    encode = producers.producer.encode_trajectory
+    monkeypatch.setattr(producers.producer, "encode_trajectory",
+                        lambda traj: committed.append(traj) or encode(traj))
+
+    def never_answered(self: Any, *args: Any) -> asyncio.Future[Any]:
+        submitted.set()
+        return asyncio.get_running_loop().create_future()
+
+    monkeypatch.setattr(producers.commit.Committer, "submit", never_answered)
+    config = small_config(
+        rollout_batch_size=1,
+        train_env_manager={"max_env_num_per_worker": 1, "num_env_groups": 1, "group_size": 1})
+    Batcher(r, config, run=run)
+    producer_thread()
+    wait_for(submitted.is_set, what="a commit submitted")
+    assert len(committed) == 1 and r.xlen(Keys(run).stream("train", 0)) == 0
     holders = [o for o in gc.get_referrers(committed[0])
                if inspect.iscoroutine(o) or inspect.isframe(o)]
     assert holders == []
