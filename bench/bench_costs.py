@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis  # noqa: E402
+from bench_pipeline import SEED_BLOCK, bench_config, block_order, redis_cpu_s  # noqa: E402
 
 from consumer import Batcher  # noqa: E402
 from producers.control import ControlState  # noqa: E402
@@ -48,15 +49,12 @@ from schemas.config import RolloutConfig  # noqa: E402
 from schemas.keys import Keys  # noqa: E402
 from schemas.seeding import episode_seed  # noqa: E402
 
-GROUPS, MEMBERS = 128, 8  # the seed's train block: 1024 envs, 16 per shard
+# the seed's train block, as bench_pipeline runs it: 1024 envs, 16 per shard
+GROUPS, MEMBERS = SEED_BLOCK["num_env_groups"], SEED_BLOCK["group_size"]
 
 
 def seed_config(ratio: int) -> RolloutConfig:
-    return RolloutConfig.from_dict({
-        "rollout_batch_size": GROUPS * MEMBERS, "async_generation_ratio": ratio, "seed": 42,
-        "train_env_manager": {"max_env_num_per_worker": 16, "num_env_groups": GROUPS,
-                              "group_size": MEMBERS, "tags": ["FrozenLake"]},
-    })
+    return bench_config(ratio, latency_s=0.0)
 
 
 def median_us(samples: list[float]) -> str:
@@ -64,12 +62,6 @@ def median_us(samples: list[float]) -> str:
 
 
 # -- episode code ----------------------------------------------------------------------------
-def block_order(i: int, first_k: int) -> tuple[int, int, int]:
-    """(group, episode k, member) of the `i`-th trajectory, in the order producers play the
-    block: a group's members one after another, with the one seed of the group's episode."""
-    return (i // MEMBERS) % GROUPS, first_k + i // (MEMBERS * GROUPS), i % MEMBERS
-
-
 def bare_loop(config: RolloutConfig, envs: list[Any], episodes: int, first_k: int) -> float:
     """CPU seconds per episode of the bare loop: reset with the episode seed, random actions
     (the member's own, as the random policy draws them)."""
@@ -123,11 +115,6 @@ def part_episode_code(config: RolloutConfig, rounds: int, episodes: int) -> None
 
 
 # -- producer alone --------------------------------------------------------------------------
-def redis_cpu_s(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
 def producer_alone(url: str, seconds: float) -> tuple[float, float]:
     """(producer CPU, Redis CPU) seconds per committed trajectory."""
     config = seed_config(ratio=1_000_000)  # admission never waits: no trainer here

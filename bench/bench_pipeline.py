@@ -58,12 +58,13 @@ def bench_config(ratio: int, latency_s: float) -> RolloutConfig:
     })
 
 
-def block_order(i: int) -> tuple[int, int, int]:
-    """(group, episode k, member) of the block's `i`-th trajectory, played as the producers
-    play the block: the 8 members of a group's episode one after another, with one seed."""
+def block_order(i: int, first_k: int = 0) -> tuple[int, int, int]:
+    """(group, episode k, member) of the block's `i`-th trajectory (episodes from `first_k`),
+    played as the producers play the block: the 8 members of a group's episode one after
+    another, with one seed."""
     members = SEED_BLOCK["group_size"]
     groups = SEED_BLOCK["num_env_groups"]
-    return (i // members) % groups, i // (members * groups), i % members
+    return (i // members) % groups, first_k + i // (members * groups), i % members
 
 
 def plain_env_loop(config: RolloutConfig, seconds: float) -> tuple[float, float]:

@@ -649,11 +649,11 @@ class Producer:
                         continue
                     return
                 data = encode_trajectory(traj)
-                # what the counters need, then the trajectory goes while its objects are
+                # keep what the counters need and let the trajectory go while its objects are
                 # still in cache (a commit waits for its flush; freeing them cold after it,
                 # measured with py-spy, was ~4% of a producer)
-                failed, success, actions = traj.get("failed", False), traj["success"], \
-                    traj["num_actions"]
+                failed, success = traj.get("failed", False), traj["success"]
+                actions = traj["num_actions"]
                 traj = None
                 while True:
                     outcome = await committer.submit(mode, slot.shard, slot.round, slot.env_id,
@@ -677,9 +677,9 @@ class Producer:
                         return
             finally:
                 in_flight[mode] -= 1
-                # let the trajectory go before the next episode: this frame lives as long as
-                # the env, and holding the last one doubled a waiting env's memory
-                traj, data = None, b""
+                # let the bytes go before the next episode: this frame lives as long as the
+                # env (the trajectory itself went once encoded)
+                data = b""
 
     def _give_up(self, run: ShardRun, slot: EnvSlot, k: int) -> bool:
         """Episode `k` was abandoned. Staying: move past it (True). Leaving: keep the cursor,

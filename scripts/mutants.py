@@ -397,7 +397,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "producer-lets-trajectory-go", "producers/producer.py",
-        '                traj, data = None, b""\n',
+        '                data = b""\n',
         "                pass\n",
         "an env's loop lets its committed trajectory's bytes go before the next episode "
         "(memory per env)",

@@ -31,12 +31,7 @@ class RandomPolicy:
 
     def act_now(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None] | None:
         """The action without an await (no latency to simulate), else None: use `act`."""
-        if not self._now:
-            return None
-        draw = ctx.scratch.get("draw")  # `_sample`, inlined: this runs on every step
-        if draw is None:
-            draw = ctx.scratch["draw"] = self._sampler(ctx)
-        return draw()
+        return self._sample(ctx) if self._now else None
 
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, str | None]:
         if self.latency_s > 0:
