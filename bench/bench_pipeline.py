@@ -286,6 +286,17 @@ def metrics_round(config: RolloutConfig, args: argparse.Namespace, url: str,
     return ratio
 
 
+def cpu_budget(pipeline_traj_s: float, plain_traj_s: float, cpu_s_per_k: float, cores: int,
+               target: float = 0.8) -> tuple[float, float, float]:
+    """What the CPU per trajectory allows: (cores the pipeline kept busy, the ratio it would
+    reach with all `cores` busy, the CPU seconds per 1000 trajectories at which it would reach
+    `target` x the plain loop while keeping as many cores busy as it did)."""
+    busy = pipeline_traj_s * cpu_s_per_k / 1000
+    cap = cores * 1000 / cpu_s_per_k / plain_traj_s
+    budget = busy * 1000 / (target * plain_traj_s)
+    return busy, cap, budget
+
+
 def one_round(config: RolloutConfig, args: argparse.Namespace, url: str) -> float:
     """Plain loop, pipeline, plain loop again (the machine's speed drifts): prints the
     figures and returns pipeline / mean plain trajectories/s."""
@@ -312,8 +323,13 @@ def one_round(config: RolloutConfig, args: argparse.Namespace, url: str) -> floa
           f"{result['redis_mb']:.1f} MB, producers RSS {result['producers_rss_mb']:.0f} MB, "
           f"trainer RSS {result['trainer_rss_mb']:.0f} MB")
     print(f"  CPU seconds per 1000 trajectories: producers {result['cpu_producers']:.3f}, "
-          f"trainer (batcher) {result['cpu_trainer']:.3f}, redis {result['cpu_redis']:.3f}",
-          flush=True)
+          f"trainer (batcher) {result['cpu_trainer']:.3f}, redis {result['cpu_redis']:.3f}")
+    spent = result["cpu_producers"] + result["cpu_trainer"] + result["cpu_redis"]
+    cores = os.cpu_count() or 1
+    busy, cap, budget = cpu_budget(result["traj_s"], env_traj, spent, cores)
+    print(f"  cores busy {busy:.2f} of {cores}: with all busy the ratio would be {cap:.2f}x; "
+          f"0.8x needs {budget:.3f} s of CPU per 1000 trajectories at this use "
+          f"(spent {spent:.3f})", flush=True)
     return ratio
 
 

@@ -35,6 +35,7 @@ def test_bench_pipeline_prints_a_ratio():
     out = bench("bench/bench_pipeline.py", "--seconds", "2", "--producers", "1",
                 "--warmup-batches", "1")
     assert "x" in out and "traj/s" in out, out
+    assert "cores busy" in out and "0.8x needs" in out, out
 
 
 def test_bench_handoff_prints_percentiles():
