@@ -33,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis  # noqa: E402
+from bench_pipeline import delete_run  # noqa: E402
 
 from consumer import Batcher  # noqa: E402
 from rollstream.embedded import EmbeddedRedis  # noqa: E402
@@ -71,8 +72,7 @@ def run_steps(url: str, config: RolloutConfig, args: argparse.Namespace, train_s
     finally:
         batcher.stop_run()
         stop_processes(procs)
-        for keys in _chunks(list(client.scan_iter(match="{" + name + "}:*", count=1000))):
-            client.delete(*keys)
+        delete_run(client, name)
         client.close()
 
 
@@ -99,10 +99,6 @@ def timed_steps(batcher: Any, steps: int, train: Callable[[], None],
     wall = clock() - started
     batcher.ack(batch)
     return Run(wall, waits, staleness, dropped)
-
-
-def _chunks(items: list, size: int = 500) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 def calibrate(url: str, args: argparse.Namespace, batch: int) -> tuple[float, float]:

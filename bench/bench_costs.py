@@ -35,7 +35,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import redis  # noqa: E402
-from bench_pipeline import SEED_BLOCK, bench_config, block_order, redis_cpu_s  # noqa: E402
+from bench_pipeline import (  # noqa: E402
+    SEED_BLOCK,
+    bench_config,
+    block_order,
+    delete_run,
+    redis_cpu_s,
+)
 
 from consumer import Batcher  # noqa: E402
 from producers.control import ControlState  # noqa: E402
@@ -146,7 +152,7 @@ def producer_alone(url: str, seconds: float) -> tuple[float, float]:
         gc.set_threshold(*threshold)
         stop.set()
         trimmer.join(5)
-        _delete_run(client, run)
+        delete_run(client, run)
         client.close()
     committed = max(1, producer.committed)
     return cpu / committed, redis_used / committed
@@ -205,7 +211,7 @@ def trainer_alone(url: str, config: RolloutConfig, filled: list[tuple[int, bytes
             del batch  # freeing a batch is part of a trainer's cost
         return (time.process_time() - started) / handed
     finally:
-        _delete_run(client, run)
+        delete_run(client, run)
         client.close()
 
 
@@ -233,12 +239,6 @@ def part_decode(filled: list[tuple[int, bytes]], rounds: int) -> None:
         gc.enable()
     size = sum(map(len, datas)) / len(datas)
     print(f"decode: {median_us(runs)} per message ({size:.0f} bytes)", flush=True)
-
-
-def _delete_run(client: redis.Redis, run: str) -> None:
-    keys = list(client.scan_iter(match="{" + run + "}:*", count=1000))
-    for at in range(0, len(keys), 500):
-        client.delete(*keys[at:at + 500])
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from bench_pipeline import delete_run
 
 from consumer import Batcher
 from rollstream.embedded import EmbeddedRedis
@@ -122,8 +123,7 @@ def pipeline(args: argparse.Namespace, url: str) -> None:
         stop_processes(procs)
         server.terminate()
         server.wait(10)
-        for key in client.scan_iter(match="{" + run + "}:*", count=1000):
-            client.delete(key)
+        delete_run(client, run)
         client.close()
 
 

@@ -42,6 +42,7 @@ from producers.rollout import EnvSlot, play_episode
 from rollstream.embedded import EmbeddedRedis
 from rollstream.launcher import start_producers, stop_processes
 from schemas.config import RolloutConfig
+from schemas.keys import Keys
 from schemas.seeding import episode_seed
 
 SEED_BLOCK = {
@@ -140,6 +141,13 @@ def redis_cpu_s(client: redis.Redis) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
+def delete_run(client: redis.Redis, run: str) -> None:
+    """Delete every key of `run` (a benchmark's run leaves nothing behind), 500 per call."""
+    names = list(client.scan_iter(match=Keys(run).pattern(), count=1000))
+    for at in range(0, len(names), 500):
+        client.delete(*names[at:at + 500])
+
+
 def wait_balanced(client: redis.Redis, config: RolloutConfig, run: str, producers: int,
                   timeout_s: float = 60.0) -> None:
     """Measure only once every producer holds its share of the shards."""
@@ -211,8 +219,7 @@ def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
             trainer_page.close()
         batcher.stop_run()
         stop_processes(procs)
-        for key in client.scan_iter(match="{" + run + "}:*", count=1000):
-            client.delete(key)
+        delete_run(client, run)
         client.close()
 
 

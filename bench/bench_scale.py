@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import redis  # noqa: E402
+from bench_pipeline import delete_run  # noqa: E402
 
 from consumer import Batcher  # noqa: E402
 from producers.producer import Producer  # noqa: E402
@@ -48,12 +49,6 @@ def make_config(envs: int, args: argparse.Namespace, batch: int | None = None,
         "policy": {"type": "random", "latency_s": args.latency_s,
                    "latency_sigma": args.latency_sigma},
     })
-
-
-def cleanup(client: redis.Redis, run: str) -> None:
-    names = list(client.scan_iter(match="{" + run + "}:*", count=1000))
-    for i in range(0, len(names), 500):
-        client.delete(*names[i:i + 500])
 
 
 def throughput(url: str, producers: int, args: argparse.Namespace) -> float:
@@ -79,7 +74,7 @@ def throughput(url: str, producers: int, args: argparse.Namespace) -> float:
     finally:
         batcher.stop_run()
         stop_processes(procs)
-        cleanup(client, run)
+        delete_run(client, run)
         client.close()
 
 
@@ -152,7 +147,7 @@ def big_producer(url: str, args: argparse.Namespace) -> dict[str, float]:
     finally:
         if child.poll() is None:
             child.kill()
-        cleanup(client, run)
+        delete_run(client, run)
         client.close()
     report: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     report["kb_per_env"] = (report["peak_mb"] - report["idle_mb"]) * 1024 / args.big_envs
@@ -181,7 +176,7 @@ def redis_memory_per_trajectory(url: str, args: argparse.Namespace) -> tuple[flo
         used = int(client.info("memory")["used_memory"]) - before
     finally:
         stop_processes(procs)
-        cleanup(client, run)
+        delete_run(client, run)
         client.close()
     return used / max(1, entries), entries
 

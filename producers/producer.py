@@ -640,9 +640,7 @@ class Producer:
                     traj: dict | None = await play_episode(slot, seed=seed, **play_args)
                 except Abandoned:
                     traj = None
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
+                except Exception as exc:  # not a cancellation: that is a BaseException
                     traj = await self._play_with_retries(run, slot, exc)
                 if traj is None:
                     if self._give_up(run, slot, k):
@@ -723,9 +721,7 @@ class Producer:
                     slot, seed=self.config.seed, **self._play_args(run, slot))
             except Abandoned:
                 return None
-            except asyncio.CancelledError:
-                raise
-            except Exception as raised:
+            except Exception as raised:  # not a cancellation: that is a BaseException
                 exc = raised
         return failed_trajectory(slot, seed=self.config.seed, producer_id=self.producer_id,
                                  version=self.state.version, error=error)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import gymnasium as gym
@@ -297,3 +299,18 @@ class HoldsSecondEpisode:
             HoldsSecondEpisode.holding.set()
             await asyncio.Event().wait()
         return 0, None
+
+
+def load_bench(name: str) -> ModuleType:
+    """`bench/<name>.py` imported as a module (the benchmarks are scripts, not a package).
+    bench/ goes on sys.path, as running a script puts its folder there, so they import each
+    other; the module is registered under its name (its dataclasses look themselves up)."""
+    folder = str(ROOT / "bench")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

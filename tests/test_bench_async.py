@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from types import SimpleNamespace
 
-from helpers import ROOT
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_async", ROOT / "bench" / "bench_async.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_bench
 
 
 class FakeClock:
@@ -50,7 +39,7 @@ class FakeBatcher:
 
 
 def test_timed_steps_count_one_update_and_one_wait_per_step():
-    bench = load_bench()
+    bench = load_bench("bench_async")
     clock = FakeClock()
     batcher = FakeBatcher(clock, wait_s=0.25)
 

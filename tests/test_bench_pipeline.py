@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
-from helpers import ROOT
-
-
-def load_bench():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_pipeline",
-                                                      ROOT / "bench" / "bench_pipeline.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+from helpers import load_bench
 
 
 @pytest.mark.parametrize("plain, spent, traj_s", [(22_000, 0.120, 15_500), (9_000, 0.25, 7_000)])
 def test_the_budget_is_the_cpu_at_which_the_pipeline_reaches_the_target(plain, spent, traj_s):
-    bench = load_bench()
+    bench = load_bench("bench_pipeline")
     busy, cap, budget = bench.cpu_budget(traj_s, plain, spent, cores=2)
     assert busy == pytest.approx(traj_s * spent / 1000)
     # spending `budget` per 1000 on as many busy cores, the pipeline delivers 0.8x

@@ -392,6 +392,11 @@ class SlowMembersPolicy(RandomPolicy):
         return await super().act(observation, ctx)
 
 
+def _loop_holders(obj: object) -> list[object]:
+    """The coroutines and frames that refer to `obj` (an env loop holding it)."""
+    return [o for o in gc.get_referrers(obj) if inspect.iscoroutine(o) or inspect.isframe(o)]
+
+
 def test_a_committed_trajectory_is_let_go_while_the_env_plays_on(r, run, producer_thread,
                                                                   monkeypatch):
     """Memory per env: once an episode is committed, nothing of the producer's env loop holds
@@ -417,9 +422,7 @@ def test_a_committed_trajectory_is_let_go_while_the_env_plays_on(r, run, produce
     wait_for(HoldsSecondEpisode.holding.is_set, what="the env's second episode in flight")
     assert r.xlen(Keys(run).stream("train", 0)) == 1 and len(committed) == 1
     for held in (committed[0], encoded[0]):  # neither the message nor its bytes
-        holders = [o for o in gc.get_referrers(held)
-                   if inspect.iscoroutine(o) or inspect.isframe(o)]
-        assert holders == [], type(held)
+        assert _loop_holders(held) == [], type(held)
 
 
 def test_a_trajectory_waits_for_its_commit_as_bytes_only(r, run, producer_thread, monkeypatch):
@@ -445,6 +448,4 @@ def test_a_trajectory_waits_for_its_commit_as_bytes_only(r, run, producer_thread
     producer_thread()
     wait_for(submitted.is_set, what="a commit submitted")
     assert len(committed) == 1 and r.xlen(Keys(run).stream("train", 0)) == 0
-    holders = [o for o in gc.get_referrers(committed[0])
-               if inspect.iscoroutine(o) or inspect.isframe(o)]
-    assert holders == []
+    assert _loop_holders(committed[0]) == []
