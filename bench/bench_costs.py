@@ -12,6 +12,9 @@ policy): what `bench/bench_pipeline.py` measures as a whole, taken apart.
 - `trainer alone`: a `Batcher` handing out batches of 1024 from streams filled beforehand
   with real messages (get_batch, ack, publish_version): its CPU per trajectory.
 - `decode`: `decode_trajectory` per message.
+- `parts alone`: what producer, Redis and trainer together allow. With every core busy and
+  nothing lost to sharing them, the pipeline delivers at most cores x bare / (their sum) of
+  the bare loop; bench_pipeline's 0.8x target needs their sum at most cores x bare / 0.8.
 
 Each part prints the median over its rounds in microseconds per trajectory; compare parts
 within one run (this machine's speed drifts).
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import random
 import statistics
 import sys
@@ -106,7 +110,8 @@ def episode_code(config: RolloutConfig, envs: list[Any], episodes: int, first_k:
     return (time.process_time() - started) / episodes
 
 
-def part_episode_code(config: RolloutConfig, rounds: int, episodes: int) -> None:
+def part_episode_code(config: RolloutConfig, rounds: int, episodes: int) -> float:
+    """Prints both loops; returns the bare loop's median, us per episode."""
     spec = config.env_spec("FrozenLake")
     envs = [make_env(spec.env_id, spec.env_config) for _ in range(16)]
     bare: list[float] = []
@@ -118,6 +123,7 @@ def part_episode_code(config: RolloutConfig, rounds: int, episodes: int) -> None
     extra = [c - b for b, c in zip(bare, code, strict=True)]
     print(f"episode code: bare gymnasium loop {median_us(bare)}, play_episode "
           f"{median_us(code)}, recording an episode costs {median_us(extra)} more", flush=True)
+    return statistics.median(bare)
 
 
 # -- producer alone --------------------------------------------------------------------------
@@ -158,10 +164,14 @@ def producer_alone(url: str, seconds: float) -> tuple[float, float]:
     return cpu / committed, redis_used / committed
 
 
-def part_producer(url: str, rounds: int, seconds: float) -> None:
+def part_producer(url: str, rounds: int, seconds: float) -> tuple[float, float]:
+    """Prints and returns the medians (producer, Redis), us per trajectory."""
     runs = [producer_alone(url, seconds) for _ in range(rounds)]
-    print(f"producer alone: CPU {median_us([p * 1e6 for p, _ in runs])} per trajectory, "
-          f"Redis {median_us([r * 1e6 for _, r in runs])}", flush=True)
+    producer = [p * 1e6 for p, _ in runs]
+    server = [r * 1e6 for _, r in runs]
+    print(f"producer alone: CPU {median_us(producer)} per trajectory, "
+          f"Redis {median_us(server)}", flush=True)
+    return statistics.median(producer), statistics.median(server)
 
 
 # -- trainer alone ---------------------------------------------------------------------------
@@ -215,13 +225,15 @@ def trainer_alone(url: str, config: RolloutConfig, filled: list[tuple[int, bytes
         client.close()
 
 
-def part_trainer(url: str, rounds: int) -> list[tuple[int, bytes]]:
+def part_trainer(url: str, rounds: int) -> tuple[list[tuple[int, bytes]], float]:
+    """Prints the median; returns the messages it filled the streams with and the median
+    (us per trajectory)."""
     config = seed_config(ratio=4)  # nothing filled beforehand goes stale
     filled = messages(config, batches=3)
     runs = [trainer_alone(url, config, filled, batches=3) * 1e6 for _ in range(rounds)]
     print(f"trainer alone: CPU {median_us(runs)} per trajectory (batches of 1024: get_batch, "
           "ack, publish_version)", flush=True)
-    return filled
+    return filled, statistics.median(runs)
 
 
 def part_decode(filled: list[tuple[int, bytes]], rounds: int) -> None:
@@ -241,6 +253,23 @@ def part_decode(filled: list[tuple[int, bytes]], rounds: int) -> None:
     print(f"decode: {median_us(runs)} per message ({size:.0f} bytes)", flush=True)
 
 
+def parts_cap(bare_us: float, parts_us: float, cores: int,
+              target: float = 0.8) -> tuple[float, float]:
+    """(the most the pipeline can deliver as a ratio to the bare loop when its parts cost
+    `parts_us` per trajectory and all `cores` stay busy, the `parts_us` at which that most
+    is `target`)."""
+    return cores * bare_us / parts_us, cores * bare_us / target
+
+
+def part_cap(bare_us: float, producer_us: float, redis_us: float, trainer_us: float) -> None:
+    cores = os.cpu_count() or 1
+    parts = producer_us + redis_us + trainer_us
+    cap, needed = parts_cap(bare_us, parts, cores)
+    print(f"parts alone: producer + Redis + trainer {parts:.1f} us per trajectory; on "
+          f"{cores} busy cores, nothing lost to sharing them: at most {cap:.2f}x the bare "
+          f"loop (0.8x needs at most {needed:.1f} us)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -248,12 +277,13 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=3000, help="per episode-code round")
     parser.add_argument("--redis-url", default=None, help="default: an embedded server")
     args = parser.parse_args()
-    part_episode_code(seed_config(ratio=1), args.rounds, args.episodes)
+    bare = part_episode_code(seed_config(ratio=1), args.rounds, args.episodes)
     with EmbeddedRedis() if args.redis_url is None else nullcontext() as server:
         url = args.redis_url or server.url
-        part_producer(url, args.rounds, args.seconds)
-        filled = part_trainer(url, args.rounds)
+        producer, server_us = part_producer(url, args.rounds, args.seconds)
+        filled, trainer = part_trainer(url, args.rounds)
     part_decode(filled, args.rounds)
+    part_cap(bare, producer, server_us, trainer)
 
 
 if __name__ == "__main__":

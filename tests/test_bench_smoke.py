@@ -74,6 +74,7 @@ def test_bench_replicas_prints_both_settings():
 
 def test_bench_costs_prints_each_part():
     out = bench("bench/bench_costs.py", "--rounds", "1", "--seconds", "1", "--episodes", "50")
-    for part in ("episode code:", "producer alone:", "trainer alone:", "decode:"):
+    for part in ("episode code:", "producer alone:", "trainer alone:", "decode:",
+                 "parts alone:"):
         assert part in out, out
     assert "us per trajectory" in out, out
