@@ -304,6 +304,17 @@ def cpu_budget(pipeline_traj_s: float, plain_traj_s: float, cpu_s_per_k: float, 
     return busy, cap, budget
 
 
+def drift_note(before: float, after: float, limit: float = 0.1) -> str | None:
+    """A warning when the plain loop's speed before and after the pipeline differs by more
+    than `limit` of their mean: the machine's speed moved within the round, and the ratio
+    (against the mean) is only as good as that."""
+    drift = abs(after - before) / ((after + before) / 2)
+    if drift <= limit:
+        return None
+    return (f"  the plain loop moved {drift:.0%} between before and after: this round's "
+            "ratio is unreliable")
+
+
 def one_round(config: RolloutConfig, args: argparse.Namespace, url: str) -> float:
     """Plain loop, pipeline, plain loop again (the machine's speed drifts): prints the
     figures and returns pipeline / mean plain trajectories/s."""
@@ -323,6 +334,9 @@ def one_round(config: RolloutConfig, args: argparse.Namespace, url: str) -> floa
     print(f"pipeline ({args.producers} producers, {mode}):      {result['traj_s']:9.0f} traj/s "
           f"{result['steps_s']:9.0f} steps/s  ({result['batches']:.0f} batches of 1024)")
     print(f"  pipeline / plain env loop: {ratio:.2f}x trajectories/s")
+    note = drift_note(before[0], after[0])
+    if note is not None:
+        print(note)
     print(f"  batch wait p50 {result['wait_p50'] * 1000:.0f} ms  p99 "
           f"{result['wait_p99'] * 1000:.0f} ms; trajectory commit->trainer p50 "
           f"{result['lat_p50'] * 1000:.0f} ms  p99 {result['lat_p99'] * 1000:.0f} ms")

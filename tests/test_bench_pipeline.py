@@ -19,3 +19,11 @@ def test_the_budget_is_the_cpu_at_which_the_pipeline_reaches_the_target(plain, s
     assert traj_s / plain == pytest.approx(cap * busy / 2)
     assert bench.cpu_budget(traj_s, plain, spent, cores=2, target=0.4)[2] == \
         pytest.approx(2 * budget)
+
+
+def test_a_round_whose_plain_loop_moved_is_flagged():
+    bench = load_bench("bench_pipeline")
+    assert bench.drift_note(22_000, 23_000) is None  # 4%: the machine held still
+    note = bench.drift_note(16_955, 24_266)  # a round seen on 2026-11-25
+    assert note is not None and "35%" in note and "unreliable" in note
+    assert bench.drift_note(24_266, 16_955) == note  # either direction
