@@ -43,6 +43,7 @@ from bench_pipeline import (  # noqa: E402
     SEED_BLOCK,
     bench_config,
     block_order,
+    cpu_budget,
     delete_run,
     redis_cpu_s,
 )
@@ -257,8 +258,11 @@ def parts_cap(bare_us: float, parts_us: float, cores: int,
               target: float = 0.8) -> tuple[float, float]:
     """(the most the pipeline can deliver as a ratio to the bare loop when its parts cost
     `parts_us` per trajectory and all `cores` stay busy, the `parts_us` at which that most
-    is `target`)."""
-    return cores * bare_us / parts_us, cores * bare_us / target
+    is `target`): bench_pipeline's `cpu_budget` with every core busy, in us per trajectory."""
+    plain_traj_s, spent = 1e6 / bare_us, parts_us / 1000  # traj/s; CPU s per 1000 traj
+    all_busy_traj_s = cores * 1000 / spent
+    _, cap, budget = cpu_budget(all_busy_traj_s, plain_traj_s, spent, cores, target)
+    return cap, budget * 1000
 
 
 def part_cap(bare_us: float, producer_us: float, redis_us: float, trainer_us: float) -> None:
