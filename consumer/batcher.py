@@ -335,6 +335,13 @@ class Batcher:
                     logger.warning("consumer groups missing (Redis lost its data?); recreating")
                     self._create_groups()
                     continue
+                if isinstance(exc, redis_lib.ResponseError) and str(exc).startswith("UNBLOCKED"):
+                    # Redis 7 ends a blocked read whose stream left the node: its slot moved
+                    # to another node of a cluster (the next read follows MOVED) or the key
+                    # was deleted (NOGROUP next). Nothing was delivered: read again.
+                    logger.info("a stream the batcher waited on left the node (%s); reading "
+                                "again", exc)
+                    continue
                 if not is_transient(exc):
                     raise
                 state.recovered = False  # a read may have been delivered and lost: re-read

@@ -206,6 +206,27 @@ if SLOW_BUILD_ENV_ID not in gym.registry:
     gym.register(id=SLOW_BUILD_ENV_ID, entry_point="helpers:SlowToBuildEnv")
 
 
+def get_batch_in_thread(batcher: Any, timeout_s: float) -> tuple[threading.Thread, dict]:
+    """`batcher.get_batch("train")` on a started thread; the dict gets "batch" or "error"."""
+    result: dict[str, Any] = {}
+
+    def wait() -> None:
+        try:
+            result["batch"] = batcher.get_batch("train", timeout_s=timeout_s)
+        except Exception as exc:  # what the caller's test looks for
+            result["error"] = exc
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return thread, result
+
+
+def blocked_in_xreadgroup(client: Any, name: str | None = None) -> bool:
+    """Whether the server lists a client (named `name`, if given) blocked in XREADGROUP."""
+    return any(c["cmd"] == "xreadgroup" and "b" in c["flags"]
+               and (name is None or c.get("name") == name) for c in client.client_list())
+
+
 def publish(batcher: Any) -> int:
     """The trainer publishes the next policy version (one place to adapt to its signature)."""
     return batcher.publish_version()

@@ -23,7 +23,10 @@ import yaml
 from helpers import (
     ROOT,
     ProducerThread,
+    add_group,
+    blocked_in_xreadgroup,
     clean_env,
+    get_batch_in_thread,
     record_acknowledged,
     run_cli,
     small_config,
@@ -161,6 +164,34 @@ def run_a_steps(cluster: LocalCluster, url: str, run_a: str, path: str, batcher:
     bad = cli("status", "--redis-url", f"redis://{entry.name}/3", "--run", run_a)
     assert bad.returncode == 2 and "database 0" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_trainer_waiting_when_its_slot_moves_follows_it(redis7):
+    """Redis 7 ends a read blocked on a stream whose slot migrates away with UNBLOCKED; the
+    Batcher reads again and follows MOVED to the new node (before: the trainer failed)."""
+    with LocalCluster(masters=2, binary=redis7) as cluster:
+        home, other = cluster.nodes
+        run = run_on(cluster, home, "w")
+        config = small_config()
+        batcher = Batcher(cluster.url, config, run=run, block_ms=10_000)
+        client = redis.cluster.RedisCluster.from_url(cluster.url)
+        keys = Keys(run)
+        waiter, result = get_batch_in_thread(batcher, timeout_s=60)
+        try:
+            with home.client() as node:
+                wait_for(lambda: blocked_in_xreadgroup(node),
+                         what="the batcher blocked in XREADGROUP on the run's node")
+            cluster.move_slot(client.keyslot(keys.prefix), home, other)
+            for g in range(config.train_env_manager.num_env_groups):
+                add_group(client, keys, "train", g, 0, group_size=4)
+            waiter.join(60)
+            assert "error" not in result, result
+            assert len(result["batch"]) == 16
+            assert batcher.owner.current == other.name
+        finally:
+            waiter.join(60)
+            batcher.close()
+            client.close()
 
 
 def check_sharded_control(cluster: LocalCluster, run: str, home: Node,

@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import ROOT, add_group, clean_env, small_config, wait_for
+from helpers import (
+    ROOT,
+    add_group,
+    blocked_in_xreadgroup,
+    clean_env,
+    get_batch_in_thread,
+    small_config,
+    wait_for,
+)
 from helpers import run_cli as cli
 
 from consumer import Batcher
@@ -252,3 +260,28 @@ def test_get_batch_leaves_the_young_gc_generations_empty(r, run):
     assert len(batch) == 16
     assert young < 50 and middle == 0, gc.get_count()
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_get_batch_reads_again_when_a_stream_it_waits_on_leaves_the_node(r, run, redis_url):
+    """Redis 7 ends a blocked XREADGROUP with UNBLOCKED when its stream leaves the node (a
+    cluster slot migrating away, or the key deleted): get_batch reads again, as it does after
+    a lost connection, instead of failing the trainer."""
+    if int(r.info("server")["redis_version"].split(".")[0]) < 7:
+        pytest.skip("Redis 6 keeps such a read blocked: nothing to recover from")
+    config = small_config()
+    name = f"{run}-batcher"
+    client = redis.Redis.from_url(redis_url, socket_timeout=30, client_name=name)
+    batcher = Batcher(client, config, run=run, block_ms=10_000)
+    keys = Keys(run)
+    waiter, result = get_batch_in_thread(batcher, timeout_s=30)
+    try:
+        wait_for(lambda: blocked_in_xreadgroup(r, name), what="the batcher blocked in XREADGROUP")
+        r.delete(keys.stream("train", 0))  # ends its read with UNBLOCKED
+        for g in range(config.train_env_manager.num_env_groups):
+            add_group(r, keys, "train", g, 0, group_size=4)
+        waiter.join(30)
+        assert "error" not in result, result
+        assert len(result["batch"]) == 16
+    finally:
+        waiter.join(30)
+        client.close()
