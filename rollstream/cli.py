@@ -36,6 +36,7 @@ from schemas.redisconn import (
     SyncClient,
     auth_message,
     check_url,
+    error_text,
     is_auth_error,
     locate,
     mask_url,
@@ -324,7 +325,8 @@ def _client(url: str | None) -> SyncClient:
             client.close()
         if is_auth_error(exc):
             raise RedisSetupError(auth_message(str(url))) from None
-        raise RedisSetupError(f"cannot reach Redis at {mask_url(str(url))}: {exc}") from None
+        raise RedisSetupError(f"cannot reach Redis at {mask_url(str(url))}: "
+                              f"{error_text(exc)}") from None
     return client
 
 
@@ -338,7 +340,7 @@ def _lookup(args: argparse.Namespace) -> tuple[str | None, str]:
 def _up(args: argparse.Namespace) -> int:
     from rollstream.launcher import UpOptions, train, up
 
-    if getattr(args, "trainer", None):
+    if getattr(args, "trainer", None) is not None:
         return _up_trainer(args)
     if not args.config:
         raise UsageError("up needs --config FILE (or --trainer SCRIPT)")
@@ -380,7 +382,10 @@ def _up_trainer(args: argparse.Namespace) -> int:
 
     from rollstream.launcher import default_producers, up_trainer
 
-    script = shlex.split(args.trainer)
+    try:
+        script = shlex.split(args.trainer)
+    except ValueError as exc:  # an unbalanced quote
+        raise UsageError(f"--trainer {args.trainer!r}: {exc}") from None
     if not script or not os.path.isfile(script[0]):
         raise UsageError(f"--trainer: no script file {script[0] if script else ''!r}")
     stand_in = [flag for flag, value, default in (
@@ -484,8 +489,12 @@ def _reset(client: SyncClient, keys: Keys, yes: bool) -> int:
         if not sys.stdin.isatty():
             raise UsageError(f"reset deletes {len(names)} keys of run {keys.run!r}: pass --yes "
                              "to confirm (stdin is not a terminal)")
-        answer = input(f"delete all {len(names)} keys of run {keys.run!r}? type the run name "
-                       "to confirm: ")
+        try:
+            answer = input(f"delete all {len(names)} keys of run {keys.run!r}? type the run "
+                           "name to confirm: ")
+        except EOFError:  # Ctrl+D: no answer is not a yes
+            answer = ""
+            print()
         if answer.strip() != keys.run:
             print("not confirmed; nothing deleted")
             return 1

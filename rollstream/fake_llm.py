@@ -707,9 +707,15 @@ def options_from_args(args: argparse.Namespace) -> FakeLLMOptions:
               if spec.name != "api_key"}
     if values["during_load"] not in ("wait", "abort"):
         raise ConfigError(f"--during-load must be wait or abort, got {values['during_load']!r}")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port} must be a port in 0..65535")
     for name in ("p_good", "malformed_share", "error_rate", "hang_rate", "drop_rate"):
         if not 0.0 <= values[name] <= 1.0:
             raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1]")
+    for name in ("think_words", "latency_s", "latency_sigma", "load_time_s"):
+        if values[name] < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be non-negative, got "
+                              f"{values[name]}")
     options = FakeLLMOptions(**values)
     if args.api_key_env:
         key = os.environ.get(args.api_key_env)

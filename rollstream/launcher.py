@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from typing import TextIO
 from consumer import Batch, Batcher
 from rollstream.embedded import EmbeddedRedis, spawn
 from schemas.config import RolloutConfig
-from schemas.errors import ConfigError, RollstreamError
+from schemas.errors import ConfigError, ProducersExited, RollstreamError
 from schemas.redisconn import SyncClient, mask_url, sync_client
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ def check_ports(addr: str, ports: Sequence[int]) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((addr, port))
+            except socket.gaierror as exc:  # the address, not the port
+                raise ConfigError(f"--metrics-addr {addr!r}: not an address of this machine: "
+                                  f"{exc.strerror or exc}") from None
             except OSError as exc:
                 who = "the trainer" if i == 0 else f"producer {i}"
                 raise ConfigError(f"--metrics-port: port {port} on {addr} (for {who}) is not "
@@ -284,6 +288,54 @@ def interrupt_signals() -> Iterator[None]:
 
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+PRODUCER_WATCH_S = 0.5  # how often `up` looks whether any of its producers still runs
+
+
+def all_exited(procs: Sequence[subprocess.Popen]) -> bool:
+    return bool(procs) and all(proc.poll() is not None for proc in procs)
+
+
+def any_failed(procs: Sequence[subprocess.Popen]) -> bool:
+    """A producer that exited other than by a stop (0) or our SIGTERM."""
+    return any(proc.poll() not in (None, 0, -signal.SIGTERM) for proc in procs)
+
+
+def producers_gone(procs: Sequence[subprocess.Popen]) -> ProducersExited:
+    codes = [proc.returncode for proc in procs]
+    return ProducersExited(f"every producer exited (exit codes {codes}) while the trainer "
+                           "waited for a batch; their log lines above say why")
+
+
+@contextmanager
+def producers_watched(procs: Sequence[subprocess.Popen]) -> Iterator[None]:
+    """Raises `ProducersExited` in the main thread once every producer has exited, instead of
+    letting the trainer wait out get_batch's timeout for a batch nobody will fill. A watcher
+    thread simulates SIGUSR1 for the main thread (`_thread.interrupt_main`), whose handler
+    raises as Ctrl+C's raises KeyboardInterrupt: the wait ends within one read's block."""
+    import _thread
+
+    active = threading.Event()
+    active.set()
+
+    def raise_gone(signum: int, frame: object) -> None:
+        if active.is_set():  # not once the block below is done: the run ended anyway
+            raise producers_gone(procs)
+
+    def watch() -> None:
+        while active.is_set() and not all_exited(procs):
+            time.sleep(PRODUCER_WATCH_S)
+        if active.is_set():
+            _thread.interrupt_main(signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, raise_gone)
+    watcher = threading.Thread(target=watch, name="producer-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        active.clear()
+        watcher.join()
+        signal.signal(signal.SIGUSR1, previous)
 
 
 def train_session(client: SyncClient, opts: UpOptions, header: str, out: TextIO) -> int:
@@ -352,7 +404,8 @@ def _up(opts: UpOptions, count: int, out: TextIO) -> int:
                       f"{_mode(opts.config)}")
             if opts.metrics_port is not None:
                 header += "\n" + metrics_line(opts.metrics_addr, opts.metrics_port, ports)
-            status = train_session(client, opts, header, out)
+            with producers_watched(procs):
+                status = train_session(client, opts, header, out)
         finally:
             codes = stop_processes(procs)
             client.close()
@@ -426,27 +479,48 @@ def _up_trainer(script: Sequence[str], redis_url: str | None, run: str, producer
                 print(metrics_line(metrics_addr, None, ports) + f" (the trainer's: "
                       f"ROLLSTREAM_METRICS_PORT={metrics_port})", file=out, flush=True)
             trainer = spawn([sys.executable, *script], env=env)
-            return _wait_trainer(trainer)
+            return _wait_trainer(trainer, procs)
         finally:
             if trainer is not None:
                 stop_processes([trainer])
             stop_processes(procs)
 
 
-def _wait_trainer(trainer: subprocess.Popen) -> int:
+def _wait_trainer(trainer: subprocess.Popen, procs: Sequence[subprocess.Popen]) -> int:
     """The trainer's exit status; Ctrl+C is passed on to it once (it runs in its own session,
-    so only we get the terminal's signal) and it gets `TRAINER_STOP_S` to clean up."""
+    so only we get the terminal's signal) and it gets `TRAINER_STOP_S` to clean up. Once
+    every producer has exited the run cannot go on: the trainer is stopped the same way
+    and `ProducersExited` raised."""
+    gone = False
     try:
-        trainer.wait()
+        while trainer.poll() is None:
+            # all exited cleanly is a stop (the script's own `stop_run`, or an operator's):
+            # the script ends itself then
+            if all_exited(procs) and any_failed(procs):
+                gone = True
+                break
+            try:
+                trainer.wait(PRODUCER_WATCH_S)
+            except subprocess.TimeoutExpired:
+                pass
     except KeyboardInterrupt:
-        trainer.send_signal(signal.SIGINT)
-        try:
-            trainer.wait(TRAINER_STOP_S)
-        except subprocess.TimeoutExpired:
-            logger.warning("trainer pid %d still running %.0fs after Ctrl+C; stopping it",
-                           trainer.pid, TRAINER_STOP_S)
+        _stop_trainer(trainer, "Ctrl+C")
+    if gone:
+        _stop_trainer(trainer, "every producer exited")
+        raise producers_gone(procs)
     code = trainer.poll()
     if code is None:
         stop_processes([trainer])
         code = trainer.returncode
     return 128 - code if code < 0 else code
+
+
+def _stop_trainer(trainer: subprocess.Popen, why: str) -> None:
+    """SIGINT, then `TRAINER_STOP_S` for the script to clean up (SIGTERM after, by the
+    caller's `stop_processes`)."""
+    trainer.send_signal(signal.SIGINT)
+    try:
+        trainer.wait(TRAINER_STOP_S)
+    except subprocess.TimeoutExpired:
+        logger.warning("trainer pid %d still running %.0fs after %s; stopping it",
+                       trainer.pid, TRAINER_STOP_S, why)

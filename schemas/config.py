@@ -30,6 +30,7 @@ from pydantic import (
 from schemas import roll
 from schemas.envspec import DEFAULT_CUSTOM_ENVS, EnvSpec
 from schemas.errors import ConfigError
+from schemas.keys import check_run_name
 from schemas.policy import (
     POLICY_TYPES,
     PolicyConfig,
@@ -41,6 +42,10 @@ from schemas.policy import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_RUN = "rollstream"
+# bounds that keep a typo (an extra zero or three) from building millions of streams and env
+# slots before anything fails: far above what one run's Redis, batcher and producers serve
+MAX_GROUPS = 65_536
+MAX_ENVS = 1_048_576
 
 
 class EnvManagerConfig(BaseModel):
@@ -57,6 +62,12 @@ class EnvManagerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_partition(self) -> EnvManagerConfig:
+        if self.num_env_groups > MAX_GROUPS:
+            raise ValueError(f"num_env_groups {self.num_env_groups:,} is more than {MAX_GROUPS:,} "
+                             "(each group is a Redis stream, all read by one XREADGROUP)")
+        if self.num_envs > MAX_ENVS:
+            raise ValueError(f"{self.num_envs:,} envs (num_env_groups x (group_size + "
+                             f"group_size_redundancy)) is more than {MAX_ENVS:,}")
         part = self.num_groups_partition
         if part is None:
             return self
@@ -171,6 +182,11 @@ class RolloutConfig(BaseModel):
         if isinstance(value, dict) and "type" not in value:
             return {"type": "random", **value}
         return value
+
+    @field_validator("run")
+    @classmethod
+    def _check_run(cls, value: str) -> str:
+        return check_run_name(value, "")  # pydantic names the field
 
     @field_validator("custom_envs", mode="before")
     @classmethod
@@ -469,12 +485,13 @@ def resolve_redis_url(cli_url: str | None, config: RolloutConfig | None = None) 
 
 
 def resolve_run(cli_run: str | None, config: RolloutConfig | None = None) -> str:
-    """CLI flag, else ROLLSTREAM_RUN, else the config's `run`, else 'rollstream'."""
-    if cli_run:
-        return cli_run
+    """CLI flag, else ROLLSTREAM_RUN, else the config's `run`, else 'rollstream'. A flag given
+    empty is an error, not the default: `--run "$UNSET"` must not act on another run."""
+    if cli_run is not None:
+        return check_run_name(cli_run, "--run")
     env_run = os.environ.get("ROLLSTREAM_RUN")
     if env_run:
-        return env_run
+        return check_run_name(env_run, "ROLLSTREAM_RUN")
     return config.run if config is not None else DEFAULT_RUN
 
 

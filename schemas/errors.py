@@ -60,3 +60,8 @@ class NotReplicated(RollstreamError):
 class WorkerFailure(RollstreamError):
     """A producer's background loop (control poll, commits, weights) ended on an unexpected
     error; the producer exits 1 rather than run on without it."""
+
+
+class ProducersExited(RollstreamError):
+    """Every producer that `rollstream up` started has exited while its trainer still waits:
+    nothing will fill the batch; the message gives their exit codes."""

@@ -8,8 +8,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from schemas.errors import ConfigError
+
 CONSUMER_GROUP = "batcher"  # the consumer group on every trajectory stream
 MODES = ("train", "val")
+
+
+def check_run_name(run: str, where: str = "run name") -> str:
+    """`run` if it can name a run's keys, else `ConfigError` naming `where` it came from (a
+    brace or ':' would break the hash tag, a space the CLI's quoting)."""
+    if not run or any(c in run for c in "{}: \t\n"):
+        named = f"{where} {run!r}" if where else repr(run)
+        raise ConfigError(f"{named}: a run name must be non-empty, without braces, ':' or "
+                          "spaces")
+    return run
 
 
 @dataclass(frozen=True)
@@ -19,10 +31,7 @@ class Keys:
     run: str
 
     def __post_init__(self) -> None:
-        if not self.run or any(c in self.run for c in "{}: \t\n"):
-            raise ValueError(
-                f"run name {self.run!r} must be non-empty, without braces, ':' or spaces"
-            )
+        check_run_name(self.run)
 
     @property
     def prefix(self) -> str:

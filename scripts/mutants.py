@@ -411,6 +411,36 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_a_trajectory_waits_for_its_commit_as_bytes_only",),
     ),
     Mutant(
+        "batcher-reads-after-unblocked", "consumer/batcher.py",
+        'str(exc).startswith("UNBLOCKED")',
+        "False",
+        "a read that Redis 7 ends with UNBLOCKED (the slot migrated, the stream deleted) is "
+        "read again, not a trainer failure",
+        (f"{OPS}::test_get_batch_reads_again_when_a_stream_it_waits_on_leaves_the_node",
+         f"{DEPLOY}::test_a_trainer_waiting_when_its_slot_moves_follows_it"),
+    ),
+    Mutant(
+        "url-raw-slash-in-password", "schemas/redisconn/urls.py",
+        '    if scheme != "unix":\n        _check_user_part(url)\n',
+        "",
+        "a password with a raw '/' is refused before redis-py's parser quotes a piece of it",
+        ("tests/test_user_edges.py::test_a_raw_slash_in_the_password_is_masked_and_refused",),
+    ),
+    Mutant(
+        "run-name-empty-flag", "schemas/config.py",
+        "    if cli_run is not None:\n",
+        "    if cli_run:\n",
+        "`--run ''` is refused, not taken as the default run",
+        ("tests/test_user_edges.py::test_a_bad_run_name_is_one_line_and_exit_2",),
+    ),
+    Mutant(
+        "up-watches-producers", "rollstream/launcher.py",
+        "            with producers_watched(procs):\n",
+        "            if True:\n",
+        "`up` ends (exit 1) once every producer has exited, not after get_batch's timeout",
+        ("tests/test_user_edges.py::test_up_ends_once_every_producer_has_exited",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

@@ -249,3 +249,159 @@ def test_ctrl_c_while_up_is_starting_leaves_nothing(run, tmp_path):
     assert code == 130, out
     assert "Traceback" not in out, out
     assert list(tmp_path.iterdir()) == []
+
+
+# -- found by a walk through every command with bad input (2026-11-25) -----------------------
+def test_a_raw_slash_in_the_password_is_masked_and_refused():
+    for url in ("redis://:ab/s3cretX@127.0.0.1:1/0", "redis://user:ab/s3cretX@127.0.0.1:1/0",
+                "redis+sentinel://:ab/s3cretX@127.0.0.1:1/svc"):
+        assert "s3cret" not in mask_url(url) and "ab/" not in mask_url(url)
+        out = cli("status", "--redis-url", url, "--run", "x")
+        assert out.returncode == 2, out.stderr
+        assert "user part holds a raw '/'" in out.stderr and "%2F" in out.stderr
+        assert "s3cret" not in out.stderr and "'ab'" not in out.stderr, out.stderr
+    # the query is not the user part: an '@' there leaves the URL as it is
+    assert mask_url("redis://h:1/0?client_name=a:b@c") == "redis://h:1/0?client_name=a:b@c"
+
+
+@pytest.mark.parametrize("url, message", [
+    ("redis://", "no host"),
+    ("redis:///0", "no host"),
+    ("redis://127.0.0.1:6379/abc", "the path must be a database number, not 'abc'"),
+    ("redis://127.0.0.1:6379/0/extra", "the path must be a database number, not '0/extra'"),
+])
+def test_a_server_url_names_its_host_and_at_most_a_db(url, message):
+    out = cli("status", "--redis-url", url, "--run", "x")
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--run", "a}b{c"], {}, "--run 'a}b{c': a run name must be"),
+    (["--run", ""], {}, "--run '': a run name must be"),  # not the default run
+    ([], {"ROLLSTREAM_RUN": "x:y"}, "ROLLSTREAM_RUN 'x:y': a run name must be"),
+])
+def test_a_bad_run_name_is_one_line_and_exit_2(redis_url, args, env, message):
+    out = cli("status", "--redis-url", redis_url, *args, env={**clean_env(), **env})
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_a_bad_run_name_in_a_config_fails_its_check(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"run": "bad run", "train_env_manager": {
+        "max_env_num_per_worker": 8, "num_env_groups": 4, "group_size": 4,
+        "tags": ["FrozenLake"]}}))
+    out = cli("config", "check", str(path))
+    assert out.returncode == 2 and "run: 'bad run': a run name must be" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("trainer, message", [
+    ('"unbalanced', "--trainer '\"unbalanced': No closing quotation"),
+    ("", "--trainer: no script file ''"),  # not silently the stand-in trainer
+])
+def test_a_bad_trainer_command_is_one_line_and_exit_2(trainer, message):
+    out = cli("up", "--config", "configs/frozenlake_sync.yaml", "--trainer", trainer)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "-1"], "--port -1 must be a port in 0..65535"),
+    (["--port", "70000"], "--port 70000 must be a port in 0..65535"),
+    (["--latency-s", "-1"], "--latency-s must be non-negative"),
+    (["--think-words", "-1"], "--think-words must be non-negative"),
+])
+def test_fake_llm_refuses_what_it_cannot_serve(args, message):
+    out = cli("fake-llm", *args, timeout=30)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_a_config_of_a_billion_groups_is_refused_before_anything_is_built(tmp_path):
+    path = tmp_path / "huge.yaml"
+    path.write_text(yaml.safe_dump({"train_env_manager": {
+        "max_env_num_per_worker": 32, "num_env_groups": 1_000_000_000, "group_size": 8,
+        "tags": ["FrozenLake"]}}))
+    out = cli("config", "check", str(path))
+    assert out.returncode == 2, out.stderr
+    assert "num_env_groups 1,000,000,000 is more than 65,536" in out.stderr, out.stderr
+    path.write_text(yaml.safe_dump({"train_env_manager": {
+        "max_env_num_per_worker": 32, "num_env_groups": 65_536, "group_size": 32,
+        "tags": ["FrozenLake"]}}))
+    out = cli("config", "check", str(path))
+    assert out.returncode == 2 and "2,097,152 envs" in out.stderr, out.stderr
+
+
+def test_an_unknown_metrics_address_is_named_as_the_address():
+    out = cli("up", "--config", "configs/frozenlake_sync.yaml", "--metrics-port", "9500",
+              "--metrics-addr", "bogus.invalid")
+    assert out.returncode == 2, out.stderr
+    assert "--metrics-addr 'bogus.invalid': not an address of this machine" in out.stderr
+
+
+def test_a_sentinel_that_is_not_there_is_one_short_line():
+    out = cli("status", "--redis-url", f"redis+sentinel://127.0.0.1:{free_port()}/mymaster",
+              "--run", "x", timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert "No master found for 'mymaster'" in out.stderr
+    assert out.stderr.count("\n") == 1 and len(out.stderr) < 200, out.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_d_at_the_reset_prompt_deletes_nothing(r, run, redis_url):
+    Batcher(r, small_config(), run=run)
+    before = len(list(r.scan_iter(match=Keys(run).pattern())))
+    pid, fd = _run_in_terminal(["reset", "--redis-url", redis_url, "--run", run])
+    _read_until(fd, "type the run name to confirm:", 30)
+    os.write(fd, b"\x04")  # the terminal's end of input
+    code, out = _finish(pid, fd)
+    assert code == 1 and "not confirmed; nothing deleted" in out, out
+    assert "Traceback" not in out, out
+    assert len(list(r.scan_iter(match=Keys(run).pattern()))) == before > 0
+
+
+BAD_ENTRYPOINT = {"policy": {"type": "python", "entrypoint": "nosuchmod:make"}}
+
+
+@pytest.mark.slow
+def test_up_ends_once_every_producer_has_exited(tmp_path, run, redis_url):
+    config = yaml.safe_load((ROOT / "configs" / "frozenlake_sync.yaml").read_text())
+    path = tmp_path / "bad_policy.yaml"
+    path.write_text(yaml.safe_dump({**config, **BAD_ENTRYPOINT}))
+    started = time.monotonic()
+    out = cli("up", "--config", str(path), "--redis-url", redis_url, "--run", run,
+              "--steps", "1", "--timeout-s", "40", timeout=90)
+    # not get_batch's timeout: it would wait 40 s for a batch nobody fills
+    assert time.monotonic() - started < 30, out.stderr
+    assert out.returncode == 1, out.stderr
+    assert "no module named 'nosuchmod'" in out.stderr  # the producers really ran and failed
+    assert ("ProducersExited: every producer exited (exit codes [1, 1]) while the trainer "
+            "waited for a batch") in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_up_trainer_is_stopped_once_every_producer_has_failed(tmp_path, run, redis_url):
+    config = yaml.safe_load((ROOT / "configs" / "frozenlake_sync.yaml").read_text())
+    path = tmp_path / "bad_policy.yaml"
+    path.write_text(yaml.safe_dump({**config, **BAD_ENTRYPOINT}))
+    script = tmp_path / "waits.py"
+    script.write_text(
+        "import os, redis\n"
+        "from consumer import Batcher\n"
+        "from schemas.config import RolloutConfig\n"
+        "config = RolloutConfig.from_yaml(os.environ['ROLLSTREAM_CONFIG'])\n"
+        "client = redis.Redis.from_url(os.environ['ROLLSTREAM_REDIS_URL'])\n"
+        "batcher = Batcher(client, config, run=os.environ['ROLLSTREAM_RUN'])\n"
+        "try:\n"
+        "    batcher.get_batch('train', timeout_s=80)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('trainer: stopped while waiting', flush=True)\n"
+        "    raise SystemExit(130)\n")
+    started = time.monotonic()
+    out = cli("up", "--config", str(path), "--redis-url", redis_url, "--run", run,
+              "--trainer", str(script), env={**clean_env(), "PYTHONPATH": str(ROOT)}, timeout=90)
+    assert time.monotonic() - started < 60, out.stderr
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "trainer: stopped while waiting" in out.stdout, out.stdout
+    assert "every producer exited (exit codes [1, 1])" in out.stderr, out.stderr

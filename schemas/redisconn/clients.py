@@ -280,6 +280,12 @@ def is_auth_error(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
 
 
+def error_text(exc: BaseException) -> str:
+    """`exc`'s message for one line: redis-py's sentinel errors end in the repr of a whole
+    client (pools, connections, retry settings), hundreds of characters saying nothing."""
+    return str(exc).split(" : <redis.", 1)[0]
+
+
 def auth_message(url: str) -> str:
     """One line for an authentication failure, with the URL masked."""
     return (f"Redis at {mask_url(url)} refused the credentials: check the password in the URL "

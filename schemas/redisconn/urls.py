@@ -37,18 +37,22 @@ class RedisUrlError(ConfigError):
 
 
 def mask_url(url: str) -> str:
-    """The URL with its password (if any) replaced by `***` (any scheme, several hosts)."""
+    """The URL with its password (if any) replaced by `***` (any scheme, several hosts).
+
+    The user part ends at the last `@` before the query, not at the first `/`: a password
+    typed with a raw `/` (it should be `%2F`) makes the URL unparsable, and the message that
+    says so must not show it."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    netloc, slash, tail = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
+    before_query, query_mark, query = rest.partition("?")
+    userinfo, at, tail = before_query.rpartition("@")
     if not at:
         return url
     user, colon, _ = userinfo.partition(":")
     if not colon:
         return url
-    return f"{scheme}://{user}:***@{hosts}{slash}{tail}"
+    return f"{scheme}://{user}:***@{tail}{query_mark}{query}"
 
 
 def scheme_of(url: str) -> str:
@@ -67,6 +71,8 @@ def check_url(url: str | None) -> str:
     if scheme not in SCHEMES:
         raise RedisUrlError(f"bad Redis URL {mask_url(url)!r}: the scheme must be one of "
                             f"{', '.join(s + '://' for s in SCHEMES)}")
+    if scheme != "unix":
+        _check_user_part(url)
     if scheme in SENTINEL_SCHEMES:
         parse_sentinel_url(url)
         return url
@@ -74,8 +80,33 @@ def check_url(url: str | None) -> str:
         options = redis.connection.parse_url(url)
     except ValueError as exc:
         raise RedisUrlError(f"bad Redis URL {mask_url(url)!r}: {exc}") from None
+    if scheme in ("redis", "rediss"):
+        _check_host_and_db(url)
     _check_options(url, options.get("connection_class", Connection))
     return url
+
+
+def _check_user_part(url: str) -> None:
+    """A `/` typed raw in the password ends the host part early, and redis-py's complaint
+    (about the port or the host it then sees) would quote a piece of the password."""
+    rest = url.partition("://")[2].partition("?")[0]
+    at = rest.rfind("@")
+    if at > rest.find("/") >= 0:
+        raise RedisUrlError(f"bad Redis URL {mask_url(url)!r}: its user part holds a raw '/'; "
+                            "write the password's '/' as %2F (or set ROLLSTREAM_REDIS_PASSWORD)")
+
+
+def _check_host_and_db(url: str) -> None:
+    """A server URL names its host, and its path is at most a database number: redis-py
+    would take `redis://` as localhost and `/abc` as db 0 without a word."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise RedisUrlError(f"bad Redis URL {mask_url(url)!r}: no host "
+                            "(redis://[[user]:password@]HOST[:PORT][/DB])")
+    db = unquote(parts.path)[1:]
+    if db and not db.isdigit():
+        raise RedisUrlError(f"bad Redis URL {mask_url(url)!r}: the path must be a database "
+                            f"number, not {db!r}")
 
 
 @functools.cache
