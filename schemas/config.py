@@ -326,7 +326,7 @@ class RolloutConfig(BaseModel):
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
         if roll.needs_composition(data):
@@ -449,6 +449,35 @@ def _drop_section(
     label = label or key
     unknown.extend(f"{label}.{k}" for k in section if k not in known)
     return {k: v for k, v in section.items() if k in known}
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, refusing a key given twice in one mapping: PyYAML keeps the last
+    without a word, so `seed: 1` ... `seed: 2` would run with 2 and nobody would know."""
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _unique_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode,
+                    deep: bool = False) -> dict[Any, Any]:
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == MERGE_TAG:  # `<<: *base`: keys after it override, by design
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            line = first_line.setdefault(key, key_node.start_mark.line)
+        except TypeError:  # an unhashable key: SafeLoader names that problem itself
+            break
+        if line != key_node.start_mark.line:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} given twice (first at line {line + 1})",
+                key_node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -153,6 +153,21 @@ def test_bad_yaml_and_missing_file(tmp_path):
         RolloutConfig.from_yaml(scalar)
 
 
+def test_a_key_twice_is_refused_but_a_merge_may_override(tmp_path):
+    manager = ("  max_env_num_per_worker: 8\n  num_env_groups: 4\n  group_size: 4\n"
+               "  tags: [FrozenLake]\n")
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(f"seed: 1\ntrain_env_manager:\n{manager}seed: 2\n")
+    with pytest.raises(ConfigError, match=r"key 'seed' given twice \(first at line 1\)"):
+        RolloutConfig.from_yaml(twice)
+    merged = tmp_path / "merged.yaml"  # YAML's merge key: the keys after it win, as designed
+    merged.write_text(f"train_env_manager: &base\n{manager}"
+                      "val_env_manager:\n  <<: *base\n  group_size: 1\n")
+    config = RolloutConfig.from_yaml(merged)
+    assert config.val_env_manager is not None
+    assert (config.val_env_manager.group_size, config.val_env_manager.num_env_groups) == (1, 4)
+
+
 def test_redis_url_and_run_resolution(monkeypatch):
     monkeypatch.delenv("ROLLSTREAM_REDIS_URL", raising=False)
     monkeypatch.setenv("REDIS_URL", "redis://fallback:6379/0")

@@ -147,6 +147,8 @@ def test_no_redis_server_anywhere_says_what_to_install():
     ("train_env_manager: [1, 2\n", "not valid YAML: expected ',' or ']'"),
     ("", "the config is empty"),
     ("- just\n- a list\n", "expected a mapping of config keys at the top level, got a list"),
+    ("seed: 1\ntrain_env_manager:\n  group_size: 4\n  group_size: 8\n",
+     "not valid YAML: key 'group_size' given twice (first at line 3) at line 4"),
 ])
 def test_bad_files_get_one_line(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
