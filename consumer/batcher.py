@@ -17,6 +17,8 @@ from __future__ import annotations
 import gc
 import heapq
 import logging
+import math
+import numbers
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -58,14 +60,16 @@ from schemas.stats import STATS_KEEP_S, MetricsServer, serve_metrics
 logger = logging.getLogger(__name__)
 
 GroupKey = tuple[int, int, int]  # (val round, episode k, group id)
-WEIGHTS_KEPT = 3  # published weight versions kept in Redis
+WEIGHTS_KEPT = 3  # the last weights published that stay in Redis (versions without any skipped)
 MAX_WEIGHTS_BYTES = 64 * 2**20  # a Redis value is no place for a real checkpoint
 STATE_EVERY_S = 1.0  # a waiting get_batch refreshes its state record this often
 
 # Version v is published only over v - 1; publishing v again is a no-op (a retry whose reply
 # was lost), anything else is a conflict. Weights land in the same atomic step.
 PUBLISH_LUA = """
--- KEYS: version, weights of v, weights of v - kept; ARGV: v, has weights, weights
+-- KEYS: version, weights of v, weights kept (list); ARGV: v, has weights, weights, kept
+-- The weights of the versions that fall off the list are deleted: their names are built
+-- from KEYS[2]'s, so they carry the run's hash tag and live in the same slot.
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 local v = tonumber(ARGV[1])
 if cur == v then return {0, cur} end
@@ -73,7 +77,12 @@ if cur ~= v - 1 then return {-1, cur} end
 redis.call('SET', KEYS[1], v)
 if ARGV[2] == '1' then
   redis.call('SET', KEYS[2], ARGV[3])
-  redis.call('DEL', KEYS[3])
+  redis.call('LPUSH', KEYS[3], v)
+  local base = string.sub(KEYS[2], 1, #KEYS[2] - #ARGV[1])
+  for _, old in ipairs(redis.call('LRANGE', KEYS[3], tonumber(ARGV[4]), -1)) do
+    redis.call('DEL', base .. old)
+  end
+  redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[4]) - 1)
 end
 return {1, cur}
 """
@@ -161,7 +170,7 @@ class Batcher:
         self,
         redis: SyncClient | str,
         config: RolloutConfig,
-        run: str = "rollstream",
+        run: str | None = None,
         *,
         index: int = 0,
         count: int = 1,
@@ -172,8 +181,21 @@ class Batcher:
         publish_config: bool = True,
         write_timeout_s: float = 60.0,
     ):
+        if not isinstance(config, RolloutConfig):
+            raise ConfigError(f"Batcher needs a RolloutConfig, not {type(config).__name__} "
+                              "(RolloutConfig.from_yaml(path) or .from_dict(data))")
         if not 0 <= index < count:
             raise ConfigError(f"batcher index {index} must be in [0, {count})")
+        for name, value in (("block_ms", block_ms), ("claim_idle_ms", claim_idle_ms),
+                            ("read_count", read_count)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"Batcher {name} must be a positive integer, got {value!r}")
+        for mode in config.modes():
+            if config.manager(mode).num_env_groups <= index:
+                raise ConfigError(
+                    f"batcher {index} of {count} would read no {mode} group: the "
+                    f"{mode}_env_manager has {config.manager(mode).num_env_groups} (group g goes "
+                    "to batcher g % count)")
         client = run_client(redis, socket_timeout=30, socket_connect_timeout=5)
         self._owns_client = client is not redis
         if client.get_connection_kwargs().get("decode_responses"):
@@ -181,7 +203,7 @@ class Batcher:
                               "(messages are msgpack bytes)")
         self.redis: Any = client
         self.config = config
-        self.keys = Keys(run)
+        self.keys = Keys(config.run if run is None else run)  # default: the config's run
         self.index, self.count = index, count
         self.consumer = consumer or f"batcher-{index}"
         self.block_ms = self._fit_block(client, block_ms)
@@ -298,13 +320,25 @@ class Batcher:
     def get_batch(self, mode: str = "train", n: int | None = None,
                   timeout_s: float = 60.0) -> Batch:
         """Block until `n` trajectories in complete groups are ready (default: the mode's
-        batch size) and return them. Raises `BatchTimeout` after `timeout_s`."""
+        batch size, for each of several batchers too) and return them. Raises `BatchTimeout`
+        after `timeout_s`; `timeout_s` <= 0 looks once without waiting. An `n` that the groups
+        this batcher reads can never fill at once is refused at once (`ConfigError`)."""
         state = self._state(mode)
         n = self.config.batch_size(mode) if n is None else n
-        if n <= 0 or n % state.group_size:
-            raise ConfigError(f"get_batch n={n} must be a positive multiple of "
+        if not _is_int(n) or n <= 0 or n % state.group_size:
+            raise ConfigError(f"get_batch n={n!r} must be a positive multiple of "
                               f"{mode}_env_manager.group_size {state.group_size}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) \
+                or math.isnan(timeout_s):
+            raise ConfigError(f"get_batch timeout_s={timeout_s!r} must be a number of seconds")
+        n = int(n)
         wanted = n // state.group_size
+        most = self._most_groups(state)
+        if wanted > most:
+            raise ConfigError(
+                f"get_batch n={n} needs {wanted} complete groups, but at most {most} can be "
+                f"ready at once here ({len(state.streams)} {mode} groups read by this batcher, "
+                f"{most // len(state.streams)} episode(s) each admitted ahead of the trainer)")
         started = time.monotonic()
         state.round_started = False
         self._state_at = 0.0  # write the waiting record at once
@@ -318,6 +352,14 @@ class Batcher:
             self.stats.waiting[mode] = False
         self._record_done(state, "handed", batch.metrics["time/get_batch_cost"])
         return batch
+
+    def _most_groups(self, state: ModeState) -> int:
+        """An upper bound on the complete groups that can be ready at once for this batcher:
+        every group it reads, for each episode admitted and not yet expired (train: at most
+        `2 * ratio + 1` steps' worth, early in a run; one in sync mode; a val round plays its
+        episodes once)."""
+        steps = 2 * self.config.ratio + 1 if state.mode == "train" else 1
+        return len(state.streams) * self.config.episodes_per_step(state.mode) * steps
 
     def _get_batch_retrying(self, state: ModeState, n: int, wanted: int, started: float,
                             timeout_s: float) -> Batch:
@@ -363,9 +405,10 @@ class Batcher:
             if not state.recovered:
                 self._recover(state)
             self._evict_expired(state)
-            if self._ready_count(state) >= wanted:
+            if self._ready_count(state) >= wanted or deadline <= started:
                 # enough held already, but an older group may have completed in Redis since:
                 # one read that does not block, so oldest-first holds across what is unread
+                # (also the one look of a get_batch that may not wait)
                 self._read(state, block_ms=None)
             while self._ready_count(state) < wanted:
                 self._record_waiting(state, wanted, started)
@@ -380,6 +423,7 @@ class Batcher:
     def ack(self, batch: Batch) -> None:
         """The trainer is done with `batch`: its entries are acked and deleted (retried through
         a failover; with `min_replicas`, on replicas before it returns)."""
+        self._check_own(batch)
 
         def queue(pipe: Any) -> None:
             self._queue_drop(pipe, batch.entries)
@@ -387,6 +431,20 @@ class Batcher:
 
         self._durable_write(f"ack of a {batch.mode} batch", queue)
         self._states[batch.mode].handed.difference_update(batch.entries)
+
+    def _check_own(self, batch: Batch) -> None:
+        """`ack` takes only a Batch this run handed out: acking deletes its entries."""
+        if not isinstance(batch, Batch):
+            raise ConfigError(f"ack takes the Batch that get_batch returned, not "
+                              f"{type(batch).__name__}")
+        if batch.mode not in self._states:
+            raise ConfigError(f"ack: a {batch.mode} batch, but this run has no "
+                              f"{batch.mode}_env_manager")
+        prefix = self.keys.prefix + ":"
+        foreign = next((e.stream for e in batch.entries if not e.stream.startswith(prefix)), None)
+        if foreign is not None:
+            raise ConfigError(f"ack: the batch holds {foreign}, not an entry of run "
+                              f"{self.keys.run!r}: ack it with the Batcher that handed it out")
 
     def publish_version(self, version: int | None = None, weights: bytes | None = None) -> int:
         """Publish policy version `version` (default: this Batcher's version + 1), with the
@@ -396,14 +454,20 @@ class Batcher:
         whose call failed (a lost reply) calls again with the same `version`. Publishing
         over a gap (the run is not at `version - 1`) raises `VersionConflict`."""
         keys = self.keys
+        if version is not None and not _is_int(version):
+            raise ConfigError(f"publish_version: version must be an int, got {version!r}")
         version = self.version + 1 if version is None else int(version)
+        if weights is not None and not isinstance(weights, bytes | bytearray | memoryview):
+            raise ConfigError(f"publish_version: weights must be bytes (encode them first, "
+                              f"e.g. with msgpack), got {type(weights).__name__}")
         if weights is not None and len(weights) > MAX_WEIGHTS_BYTES:
             raise ConfigError(
                 f"publish_version: weights of {len(weights) / 2**20:.1f} MB exceed the "
                 f"{MAX_WEIGHTS_BYTES // 2**20} MB a Redis value may hold here; save a checkpoint "
                 "and have the inference servers load it instead")
-        script_keys = [keys.version, keys.weights(version), keys.weights(version - WEIGHTS_KEPT)]
-        args = [version, 1 if weights is not None else 0, weights if weights is not None else b""]
+        script_keys = [keys.version, keys.weights(version), keys.weights_kept]
+        args = [version, 1 if weights is not None else 0, weights if weights is not None else b"",
+                WEIGHTS_KEPT]
         (reply,) = self._durable_write(
             f"publish of version {version}",
             lambda pipe: pipe.execute_command("EVAL", PUBLISH_LUA, len(script_keys),
@@ -786,6 +850,11 @@ class Batcher:
             f"complete and {partial} partial groups at {where}; pause reasons: "
             f"{paused or 'none'}; live producers: {producers}"
         )
+
+
+def _is_int(value: Any) -> bool:
+    """An integer (numpy's too), not a bool, a float or a string."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @contextmanager

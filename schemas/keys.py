@@ -102,8 +102,12 @@ class Keys:
     def lease(self, mode: str, shard: int) -> str:  # string, PX ttl: producer holding a shard
         return f"{self.prefix}:lease:{mode}:{shard}"
 
-    def weights(self, version: int) -> str:  # string: policy weights (msgpack)
+    def weights(self, version: int) -> str:  # string: policy weights (the trainer's bytes)
         return f"{self.prefix}:weights:{version}"
+
+    @property
+    def weights_kept(self) -> str:  # list: the versions whose weights are kept, newest first
+        return f"{self.prefix}:weights_kept"
 
     def inflight(self, mode: str, consumer: str) -> str:  # string: a handed-out, unacked batch
         return f"{self.prefix}:inflight:{mode}:{consumer}"

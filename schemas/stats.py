@@ -265,15 +265,15 @@ def serve_metrics(collect: Callable[[], Iterable[Family]], port: int, addr: str 
     core = _prometheus()
     from prometheus_client import ProcessCollector, start_http_server
 
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"--metrics-port {port}: not a port number")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"metrics port {port!r}: not a port number (0..65535)")
     registry = core.CollectorRegistry(auto_describe=False)
     registry.register(_Collector(collect))
     ProcessCollector(registry=registry)
     try:
         server, thread = start_http_server(port, addr=addr, registry=registry)
     except OSError as exc:
-        raise ConfigError(f"--metrics-port {port}: cannot serve {what} on {addr}:{port} "
+        raise ConfigError(f"metrics port {port}: cannot serve {what} on {addr}:{port} "
                           f"({exc.strerror or exc})") from None
     result = MetricsServer(server, thread)
     logger.info("%s at http://%s:%d/metrics", what, addr, result.port)

@@ -344,12 +344,12 @@ def busy_port_after_a_free_one() -> tuple[socket.socket, int]:
 def test_a_port_in_use_is_refused_with_its_number():
     busy, port = busy_port_after_a_free_one()
     with busy:
-        with pytest.raises(ConfigError, match=f"--metrics-port {port}: cannot serve"):
+        with pytest.raises(ConfigError, match=f"metrics port {port}: cannot serve"):
             serve_metrics(lambda: [], port, "127.0.0.1")
         out = cli("produce", "--redis-url", "redis://127.0.0.1:1/0", "--run", "x",
                   "--metrics-port", str(port), "--metrics-addr", "127.0.0.1")
         assert out.returncode == 2, out.stderr
-        assert f"--metrics-port {port}: cannot serve producer metrics" in out.stderr
+        assert f"metrics port {port}: cannot serve producer metrics" in out.stderr
         assert "Traceback" not in out.stderr
         out = cli("up", "--config", "configs/frozenlake_async.yaml", "--producers", "2",
                   "--metrics-port", str(port - 1), "--metrics-addr", "127.0.0.1",

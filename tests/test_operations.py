@@ -4,6 +4,7 @@ stops that only a deliberate command makes, exit codes, and liveness that tells 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import re
 import signal
@@ -285,3 +286,109 @@ def test_get_batch_reads_again_when_a_stream_it_waits_on_leaves_the_node(r, run,
     finally:
         waiter.join(30)
         client.close()
+
+
+# -- the trainer API under misuse (found by a walk through it, 2026-11-25) --------------------
+def test_a_batcher_without_run_uses_the_configs_run(r, run):
+    batcher = Batcher(r, small_config(run=run))
+    assert batcher.keys.run == run
+    assert r.get(Keys(run).config) is not None and r.get(Keys("rollstream").config) is None
+
+
+def test_get_batch_with_no_time_to_wait_looks_once(r, run):
+    batcher = Batcher(r, small_config(), run=run)
+    keys = Keys(run)
+    for g in range(4):
+        add_group(r, keys, "train", g, 0, group_size=4)
+    batch = batcher.get_batch(timeout_s=0)  # the groups sit unread in Redis
+    assert len(batch) == 16
+    with pytest.raises(BatchTimeout, match="have 0 complete"):
+        batcher.get_batch(timeout_s=0)  # nothing left: no wait either
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n": "4"}, "get_batch n='4' must be a positive multiple"),
+    ({"n": 4.0}, "get_batch n=4.0 must be a positive multiple"),
+    ({"n": 100}, "needs 25 complete groups, but at most 4 can be ready at once"),
+    ({"timeout_s": None}, "timeout_s=None must be a number of seconds"),
+    ({"timeout_s": float("nan")}, "timeout_s=nan must be a number of seconds"),
+])
+def test_get_batch_refuses_what_it_cannot_serve(r, run, kwargs, message):
+    batcher = Batcher(r, small_config(), run=run)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        batcher.get_batch(**kwargs)
+
+
+def test_ack_takes_only_its_own_runs_batches(r, run):
+    config = small_config()
+    mine, other_run = Batcher(r, config, run=run), f"{run}-other"
+    try:
+        other = Batcher(r, small_config(val_env_manager=None), run=other_run)
+        for g in range(4):
+            add_group(r, Keys(run), "train", g, 0, group_size=4)
+        batch = mine.get_batch(timeout_s=10)
+        with pytest.raises(ConfigError, match=f"not an entry of run '{other_run}'"):
+            other.ack(batch)
+        assert sum(r.xlen(Keys(run).stream("train", g)) for g in range(4)) == 16  # untouched
+        with pytest.raises(ConfigError, match="this run has no val_env_manager"):
+            other.ack(dataclasses.replace(batch, mode="val"))
+        with pytest.raises(ConfigError, match="ack takes the Batch that get_batch returned"):
+            mine.ack(None)  # type: ignore[arg-type]
+        mine.ack(batch)
+    finally:
+        for name in r.scan_iter(match=Keys(other_run).pattern()):
+            r.delete(name)
+
+
+def test_a_batcher_with_no_group_of_its_own_is_refused(r, run):
+    with pytest.raises(ConfigError, match="batcher 5 of 8 would read no train group"):
+        Batcher(r, small_config(), run=run, index=5, count=8)
+
+
+def test_a_split_batcher_asking_for_more_than_its_groups_is_told_at_once(r, run):
+    # each of two sync batchers reads 2 of the 4 groups: 16 trajectories (4 groups) would
+    # have waited out the whole timeout before
+    batcher = Batcher(r, small_config(), run=run, index=0, count=2)
+    with pytest.raises(ConfigError, match=r"needs 4 complete groups, but at most 2 can be "
+                                          r"ready at once here \(2 train groups read by"):
+        batcher.get_batch(timeout_s=30)
+    for g in range(4):
+        add_group(r, Keys(run), "train", g, 0, group_size=4)
+    assert sorted(set(batcher.get_batch(n=8, timeout_s=5).group_ids.tolist())) == [0, 2]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda b: b.publish_version(3.7), "version must be an int, got 3.7"),
+    (lambda b: b.publish_version("x"), "version must be an int, got 'x'"),
+    (lambda b: b.publish_version(weights="abc"), "weights must be bytes"),
+    (lambda b: b.publish_version(weights={"w": 1}), "weights must be bytes"),
+    (lambda b: b.serve_metrics("80"), "metrics port '80': not a port number"),
+])
+def test_the_api_names_a_wrong_argument(r, run, call, message):
+    batcher = Batcher(r, small_config(), run=run)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        call(batcher)
+    assert int(r.get(Keys(run).version) or 0) == 0  # nothing was published
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"config": {"seed": 1}}, "Batcher needs a RolloutConfig, not dict"),
+    ({"read_count": 0}, "read_count must be a positive integer, got 0"),
+    ({"claim_idle_ms": -1}, "claim_idle_ms must be a positive integer, got -1"),
+])
+def test_a_batcher_built_wrong_says_how(r, run, kwargs, message):
+    args = {"config": small_config(), **kwargs}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Batcher(r, args.pop("config"), run=run, **args)
+
+
+def test_only_the_last_three_weights_published_stay(r, run):
+    batcher = Batcher(r, small_config(), run=run)
+    keys = Keys(run)
+    batcher.publish_version(weights=b"w1")
+    for _ in range(3):
+        batcher.publish_version()  # versions 2-4 carry no weights
+    for _ in range(4):
+        batcher.publish_version(weights=b"w")  # versions 5-8
+    assert sorted(int(k.rsplit(b":", 1)[1]) for k in r.scan_iter(match=keys.weights("*"))) \
+        == [6, 7, 8]
