@@ -186,10 +186,10 @@ class Batcher:
                               "(RolloutConfig.from_yaml(path) or .from_dict(data))")
         if not 0 <= index < count:
             raise ConfigError(f"batcher index {index} must be in [0, {count})")
-        for name, value in (("block_ms", block_ms), ("claim_idle_ms", claim_idle_ms),
-                            ("read_count", read_count)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"Batcher {name} must be a positive integer, got {value!r}")
+        for name, value, least in (("block_ms", block_ms, 1), ("read_count", read_count, 1),
+                                   ("claim_idle_ms", claim_idle_ms, 0)):  # 0: claim at once
+            if not _is_int(value) or value < least:
+                raise ConfigError(f"Batcher {name} must be an integer >= {least}, got {value!r}")
         for mode in config.modes():
             if config.manager(mode).num_env_groups <= index:
                 raise ConfigError(

@@ -373,8 +373,8 @@ def test_the_api_names_a_wrong_argument(r, run, call, message):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"config": {"seed": 1}}, "Batcher needs a RolloutConfig, not dict"),
-    ({"read_count": 0}, "read_count must be a positive integer, got 0"),
-    ({"claim_idle_ms": -1}, "claim_idle_ms must be a positive integer, got -1"),
+    ({"read_count": 0}, "read_count must be an integer >= 1, got 0"),
+    ({"claim_idle_ms": -1}, "claim_idle_ms must be an integer >= 0, got -1"),
 ])
 def test_a_batcher_built_wrong_says_how(r, run, kwargs, message):
     args = {"config": small_config(), **kwargs}
