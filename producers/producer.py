@@ -76,6 +76,7 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLD)
 
 SHORT_RECHECK_S = 0.5  # below the fair share (shards in motion): look again this soon
+STOP_POLL_S = 0.5  # while the policy starts: how often the run's stop key is looked at
 REFUSALS = {Outcome.DUPLICATE: "duplicate", Outcome.LEASE_LOST: "lease_lost",
             Outcome.PAUSED: "paused", Outcome.STALE_ROUND: "stale_round"}
 
@@ -288,7 +289,7 @@ class Producer:
         started = await self._unless_stopped(start_policy(  # PolicyError: exit 1, one line
             self.policy, PolicyContext(redis=redis, keys=self.keys, config=config,
                                        producer_id=self.producer_id,
-                                       poll_interval_s=self.poll_interval_s)))
+                                       poll_interval_s=self.poll_interval_s)), redis)
         if not started:  # e.g. waiting for model servers that never answered
             logger.info("producer %s: stopped while its policy was starting", self.producer_id)
             return
@@ -335,12 +336,13 @@ class Producer:
         if self.weights is not None and self.weights.error is not None:
             raise self.weights.error  # the policy refused its weights: exit 1 with that line
 
-    async def _unless_stopped(self, step: Awaitable[None]) -> bool:
-        """Await `step` unless a stop comes first (then it is cancelled): True when it ran to
-        its end. Its errors propagate."""
+    async def _unless_stopped(self, step: Awaitable[None], redis: AsyncClient) -> bool:
+        """Await `step` unless a stop comes first (then it is cancelled): a signal, `seconds`
+        running out or the run's stop (`rollstream stop`). True when it ran to its end. Its
+        errors propagate."""
         assert self._stop is not None
         task = asyncio.ensure_future(step)
-        stopper = asyncio.ensure_future(self._stop.wait())
+        stopper = asyncio.ensure_future(self._stop_before_start(redis))
         try:
             await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -352,6 +354,21 @@ class Producer:
             return False
         task.result()
         return True
+
+    async def _stop_before_start(self, redis: AsyncClient) -> None:
+        """Returns once the producer should not start after all: the control loop, which
+        watches the run's stop and the deadline later on, does not run yet."""
+        assert self._stop is not None
+        while not self._stop.is_set() and not self._out_of_time():
+            try:
+                if await redis.exists(self.keys.stop):
+                    logger.info("producer %s: run %s was stopped", self.producer_id,
+                                self.keys.run)
+                    return
+            except REDIS_ERRORS:
+                pass  # Redis away: the signal and the deadline still end the wait
+            left = None if self._deadline is None else self._deadline - time.monotonic()
+            await self._sleep(STOP_POLL_S if left is None else max(0.0, min(STOP_POLL_S, left)))
 
     async def _first_refresh(self, watcher: ControlWatcher) -> None:
         assert self._stop is not None

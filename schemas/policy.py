@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -21,6 +22,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveInt,
     field_validator,
+    model_validator,
 )
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -85,13 +87,43 @@ class OpenAIPolicyConfig(BaseModel):
     def _one_url(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_key_inline(cls, data: Any) -> Any:
+        # never echoes the value: it is a secret
+        if isinstance(data, dict) and "api_key" in data:
+            raise ValueError("api_key: a key in the config would be published to Redis with "
+                             "it; put it in an environment variable and name that in "
+                             "api_key_env")
+        return data
+
     @field_validator("base_urls")
     @classmethod
     def _http_urls(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} is not an http:// or https:// URL")
-        return [url.rstrip("/") for url in urls]
+        checked = [_check_base_url(url) for url in urls]
+        for i, url in enumerate(checked):
+            if url in checked[:i]:
+                raise ValueError(f"{url!r} is listed twice (one server, two entries: its "
+                                 "requests and weight updates would be doubled)")
+        return checked
+
+
+def _check_base_url(url: str) -> str:
+    """A base URL a producer can use: http(s), a host, a valid port, no credentials (they
+    would be published with the config and logged: the key goes in `api_key_env`)."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    parts = urlsplit(url)
+    if "@" in parts.netloc:
+        raise ValueError("a base URL must not hold credentials (user:password@): put the key "
+                         "in an environment variable and name it in api_key_env")
+    try:
+        parts.port  # noqa: B018 (parsing it is the check)
+    except ValueError:
+        raise ValueError(f"{url!r}: the port is not a number in 0..65535") from None
+    if not parts.hostname or any(c.isspace() for c in url):
+        raise ValueError(f"{url!r} is not a server URL (http://HOST[:PORT]/v1)")
+    return url.rstrip("/")
 
 
 class PythonPolicyConfig(BaseModel):
@@ -144,7 +176,9 @@ def policy_known_keys(section: dict[str, Any]) -> set[str] | None:
     model = POLICY_TYPES.get(str(section.get("type", "random")))
     if model is None or model is PythonPolicyConfig:
         return None
-    return set(model.model_fields)
+    # an inline api_key reaches the model, which refuses it (dropped, it would fail later
+    # with a 401 and only a warning to go on)
+    return set(model.model_fields) | ({"api_key"} if model is OpenAIPolicyConfig else set())
 
 
 def server_record(version: int, model: str | None = None) -> str:

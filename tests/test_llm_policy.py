@@ -4,6 +4,7 @@ loopback, the Batcher hands the trajectories out, and every turn carries its tok
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from consumer import Batcher
 from producers.llm.chat import turn_seed
 from producers.policies import StepContext
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE
+from schemas.errors import ConfigError
 from schemas.keys import Keys
 
 fake_llm = pytest.fixture(fake_llm_factory)
@@ -217,12 +219,15 @@ def test_an_unknown_model_exits_1_at_start(fake_llm, r: redis.Redis, run: str,
 
 
 @pytest.mark.slow
-def test_sigterm_while_waiting_for_model_servers_exits_0(r: redis.Redis, run: str,
-                                                         redis_url: str) -> None:
-    # nothing listens there: the policy's start waits for a server to answer
-    config = two_tag_config([f"http://127.0.0.1:{free_port()}/v1"])
-    Batcher(r, config, run=run)
-    proc = start_producer(redis_url, run, clean_env(), log_level="INFO")
+def producer_waiting_for_servers(r: redis.Redis, run: str, redis_url: str,
+                                 *extra: str) -> tuple[Batcher, subprocess.Popen, list[str]]:
+    """A producer process inside its policy's start (nothing listens at the base URL), with
+    the lines it logged up to saying so: (the run's Batcher, the process, those lines)."""
+    batcher = Batcher(r, two_tag_config([f"http://127.0.0.1:{free_port()}/v1"]), run=run)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollstream", "--log-level", "INFO", "produce", "--redis-url",
+         redis_url, "--run", run, *extra], cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     seen = []
     for line in proc.stdout:  # evidence first: the producer is inside its policy's start
@@ -230,16 +235,55 @@ def test_sigterm_while_waiting_for_model_servers_exits_0(r: redis.Redis, run: st
         if "waiting for model servers" in line:
             break
     assert seen and "waiting for model servers" in seen[-1], seen
-    proc.send_signal(signal.SIGTERM)  # one signal is enough to stop, as anywhere else
+    return batcher, proc, seen
+
+
+def finish(proc: subprocess.Popen, seen: list[str]) -> str:
+    """The process's exit (within 20 s, else killed): asserts 0 and returns its output."""
     try:
         out, _ = proc.communicate(timeout=20)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, "".join(seen) + out
+    assert proc.returncode == 0, "".join(seen)
+    return out
+
+
+def test_sigterm_while_waiting_for_model_servers_exits_0(r: redis.Redis, run: str,
+                                                         redis_url: str) -> None:
+    _, proc, seen = producer_waiting_for_servers(r, run, redis_url)
+    proc.send_signal(signal.SIGTERM)  # one signal is enough to stop, as anywhere else
+    out = finish(proc, seen)
     assert "stopped while its policy was starting" in out
     assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("policy, message", [
+    ({"base_urls": ["http:///v1"]}, "'http:///v1' is not a server URL"),
+    ({"base_urls": ["http://exa mple:80/v1"]}, "'http://exa mple:80/v1' is not a server URL"),
+    ({"base_urls": ["http://127.0.0.1:99999/v1"]}, "the port is not a number in 0..65535"),
+    ({"base_urls": ["http://u:sk-SECRET@127.0.0.1:1/v1"]}, "must not hold credentials"),
+    ({"base_urls": ["http://h:1/v1", "http://h:1/v1/"]}, "'http://h:1/v1' is listed twice"),
+    ({"api_key": "sk-SECRET"}, "api_key: a key in the config would be published"),
+])
+def test_an_openai_policy_that_cannot_work_is_refused_without_its_secrets(policy, message):
+    urls = policy.pop("base_urls", ["http://127.0.0.1:1/v1"])
+    with pytest.raises(ConfigError, match=re.escape(message)) as refused:
+        two_tag_config(urls, **policy)
+    assert "SECRET" not in str(refused.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["seconds", "run stopped"])
+def test_a_producer_waiting_for_model_servers_honours_seconds_and_stop(
+        r: redis.Redis, run: str, redis_url: str, how: str) -> None:
+    extra = ["--seconds", "3"] if how == "seconds" else []
+    batcher, proc, seen = producer_waiting_for_servers(r, run, redis_url, *extra)
+    if how == "run stopped":
+        batcher.stop_run()
+    out = finish(proc, seen)  # before: it waited for the servers forever
+    assert "stopped while its policy was starting" in out, "".join(seen) + out
 
 
 @pytest.mark.slow

@@ -203,6 +203,10 @@ class ServerPool:
                               f"(HTTP {status})")
         if status >= 500 or status in TRANSIENT_4XX:
             return None
+        if status == 404:
+            logger.warning("model server %s answered 404 for %s: is the base URL missing its "
+                           "/v1?", server.base_url, server.models_url)
+            return set()
         try:
             return {str(card["id"]) for card in orjson.loads(raw)["data"]}
         except (ValueError, KeyError, TypeError):
