@@ -230,15 +230,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.log_level = level
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        sys.stdout.flush()  # here, where a reader that left early is still caught
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `rollstream config show | head`: the reader left early
+        _silence_stdout()
+        return 1
     except (UsageError, ConfigError) as exc:
         print(f"rollstream: error: {exc}", file=sys.stderr)
         return 2
     except RUNTIME_FAILURES as exc:
         print(f"rollstream: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not raise again
+    (Python's documented way to end quietly on EPIPE)."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -345,6 +359,8 @@ def _up(args: argparse.Namespace) -> int:
     if not args.config:
         raise UsageError("up needs --config FILE (or --trainer SCRIPT)")
     config = _load_checked(args.config)
+    if args.command == "up":
+        _check_local_key(config)
     url = resolve_redis_url(args.redis_url, config)
     if url or args.command == "train":
         _client(url).close()  # checks the URL and the server before anything starts
@@ -360,6 +376,17 @@ def _up(args: argparse.Namespace) -> int:
                      log_level=args.log_level, metrics_port=args.metrics_port,
                      metrics_addr=args.metrics_addr, plot=args.plot)
     return up(opts) if args.command == "up" else train(opts)
+
+
+def _check_local_key(config: RolloutConfig) -> None:
+    """`up` starts the producers here, with this environment: an API key variable the
+    openai policy names must be set (producers elsewhere, as with `train`, have their own)."""
+    import os
+
+    name = getattr(config.policy, "api_key_env", None)
+    if name and not os.environ.get(name):
+        raise UsageError(f"policy.api_key_env: the environment variable {name} is not set "
+                         "(the producers up starts read the API key from it)")
 
 
 def _check_plot(path: str) -> None:
@@ -397,6 +424,8 @@ def _up_trainer(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(stand_in)}: flags of the stand-in trainer, not of "
                          "--trainer (pass them to your script)")
     config = _load_checked(args.config) if args.config else None
+    if config is not None:
+        _check_local_key(config)
     url = resolve_redis_url(args.redis_url, config)
     if url:
         _client(url).close()  # checks the URL's form before anything starts

@@ -407,3 +407,30 @@ def test_up_trainer_is_stopped_once_every_producer_has_failed(tmp_path, run, red
     assert out.returncode == 1, out.stdout + out.stderr
     assert "trainer: stopped while waiting" in out.stdout, out.stdout
     assert "every producer exited (exit codes [1, 1])" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("args", [["config", "show", "configs/frozenlake_llm.yaml"],
+                                  ["config", "check", "configs/seed_env_managers.yaml"]])
+def test_a_reader_that_left_early_gets_no_traceback(args):
+    read, write = os.pipe()
+    os.close(read)  # `| head` already gone: every write of the command fails with EPIPE
+    try:
+        out = subprocess.run([sys.executable, "-m", "rollstream", *args], stdout=write,
+                             stderr=subprocess.PIPE, text=True, cwd=ROOT, env=clean_env(),
+                             timeout=60)
+    finally:
+        os.close(write)
+    assert out.returncode == 1 and out.stderr == "", out.stderr
+
+
+def test_up_refuses_an_api_key_variable_that_is_not_set(tmp_path):
+    config = yaml.safe_load((ROOT / "configs" / "frozenlake_llm.yaml").read_text())
+    config["policy"]["api_key_env"] = "ROLLSTREAM_TEST_UNSET_KEY"
+    path = tmp_path / "llm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = cli("up", "--config", str(path), "--steps", "1", env={
+        k: v for k, v in clean_env().items() if k != "ROLLSTREAM_TEST_UNSET_KEY"})
+    assert out.returncode == 2, out.stderr
+    assert ("policy.api_key_env: the environment variable ROLLSTREAM_TEST_UNSET_KEY is not "
+            "set") in out.stderr
+    assert "Starting" not in out.stdout and "rollstream up:" not in out.stdout  # nothing ran
