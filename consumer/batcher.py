@@ -410,7 +410,7 @@ class Batcher:
                 # one read that does not block, so oldest-first holds across what is unread
                 # (also the one look of a get_batch that may not wait)
                 self._read(state, block_ms=None)
-            while self._ready_count(state) < wanted:
+            while self._ready_count(state) < self._deliverable(state, wanted):
                 self._record_waiting(state, wanted, started)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -418,7 +418,10 @@ class Batcher:
                 self._read(state, block_ms=min(self.block_ms, max(1, int(remaining * 1000))))
                 if time.monotonic() - self._last_claim > self.claim_idle_ms / 1000:
                     self._reclaim(state)
-            return self._hand_out(state, wanted, time.monotonic() - started)
+            deliverable = self._deliverable(state, wanted)
+            if deliverable < wanted:
+                self._hand_out_short(state, wanted, deliverable)
+            return self._hand_out(state, deliverable, time.monotonic() - started)
 
     def ack(self, batch: Batch) -> None:
         """The trainer is done with `batch`: its entries are acked and deleted (retried through
@@ -671,6 +674,30 @@ class Batcher:
             slot.ready = True
             state.ready_count += 1
         return []
+
+    def _deliverable(self, state: ModeState, wanted: int) -> int:
+        """How many of the `wanted` groups can still complete. In sync mode a step's groups
+        are its only ones until the version moves, so a group dropped because a member failed
+        (a model server refusing a request, an env that kept raising) cannot be replaced:
+        the batch goes out without it rather than never. Async mode: `wanted` (later
+        episodes fill in)."""
+        if state.mode != "train" or self.config.ratio != 0:
+            return wanted
+        per_step = state.schedule.episodes_per_step
+        low, high = self.version * per_step, (self.version + 1) * per_step
+        done = sum(1 for keys in state.finished.values() for _, k in keys if low <= k < high)
+        return min(wanted, len(state.streams) * per_step - done)
+
+    def _hand_out_short(self, state: ModeState, wanted: int, deliverable: int) -> None:
+        if deliverable <= 0:
+            raise BatchTimeout(
+                f"get_batch(mode='train') at version {self.version}: no group of this sync "
+                f"step can complete any more (each was dropped or handed out; "
+                f"scheduler/failed_groups {int(self.totals['scheduler/failed_groups'])}); "
+                "publish_version to start the next step")
+        logger.warning("sync step at version %d: handing out %d of %d groups; the others were "
+                       "dropped (a member failed) and cannot be replayed before the version "
+                       "moves", self.version, deliverable, wanted)
 
     def _is_stale(self, state: ModeState, k: int, version_start: int) -> bool:
         schedule = state.schedule

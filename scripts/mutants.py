@@ -441,6 +441,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_user_edges.py::test_up_ends_once_every_producer_has_exited",),
     ),
     Mutant(
+        "batcher-sync-short-batch", "consumer/batcher.py",
+        "        return min(wanted, len(state.streams) * per_step - done)\n",
+        "        return wanted\n",
+        "a sync step whose group was dropped (a member failed) is handed out without it, "
+        "not waited for forever",
+        ("tests/test_rollout.py::test_a_sync_step_whose_group_failed_is_handed_out_without_it",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

@@ -272,6 +272,26 @@ def test_two_batchers_split_the_groups(r, run, producer_thread):
     assert r.smembers(Keys(run).pause) == {b"sync"}  # once both have their batch
 
 
+def test_a_sync_step_whose_group_failed_is_handed_out_without_it(r, run, producer_thread):
+    # a sync step's groups are its only ones until the version moves: a group dropped because
+    # a member failed (an env that kept raising, a model server refusing a request) cannot be
+    # replaced, and a batch of every group would wait for it forever
+    config = small_config(
+        rollout_batch_size=16, env_max_retries=0, async_generation_ratio=0,
+        custom_envs={"Broken": {"env_id": BROKEN_ENV_ID}},
+        train_env_manager={"tags": ["FrozenLake", "Broken"], "num_groups_partition": [3, 1]},
+    )
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    for step in range(2):
+        batch = batcher.get_batch("train", timeout_s=10)
+        assert sorted(set(batch.group_ids.tolist())) == [0, 1, 2]
+        assert set(batch.episode_ids.tolist()) == {step} and len(batch) == 12
+        assert batch.metrics["scheduler/failed_groups"] == 1
+        batcher.ack(batch)
+        publish(batcher)
+
+
 @pytest.mark.parametrize("threaded", [False, True])
 def test_failing_env_drops_its_group_and_counts_it(r, run, producer_thread, threaded):
     BrokenEnv.resets.clear()
