@@ -236,8 +236,15 @@ class ModelServers:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()
+        except TimeoutError:  # it took the request and did not answer in time
+            raise ServerUpdateError(f"model server {base_url}: {url} did not answer within "
+                                    f"{self.timeout_s:g}s (a slow weight load? raise "
+                                    "timeout_s)") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):
+                raise ServerUpdateError(f"model server {base_url}: {url} did not answer within "
+                                        f"{self.timeout_s:g}s") from None
             raise ServerUpdateError(f"model server {base_url}: {url} cannot be reached: "
                                     f"{reason}") from None
         try:

@@ -285,6 +285,10 @@ def test_a_loader_callable_and_errors_that_name_the_server(fake_llm, r: redis.Re
     with pytest.raises(ServerUpdateError, match=f"^model server {bad.base_url}: .* cannot be "
                        "reached"):
         sglang.update(5, "/ckpt/5")
+    slow = fake_llm(load_time_s=3.0)  # takes the update, answers after 3 s
+    with pytest.raises(ServerUpdateError, match=f"^model server {slow.base_url}: .* did not "
+                       "answer within 0.5s"):
+        ModelServers(r, run, [slow.base_url], method="sglang", timeout_s=0.5).update(5, "/c/5")
     lora = ModelServers(r, run, [good.base_url], method="vllm-lora")
     good.adapters["rollstream-v6"] = "/elsewhere"  # loaded by an earlier, failed call
     assert lora.update(6, "/ckpt/6") == {good.base_url: 6}  # not loaded twice: no 400

@@ -370,8 +370,8 @@ class ServerPool:
         server.down = True
         self._cool_down(server)
         if not self._all_down:
-            logger.warning("model server %s is down (%s); using the others", server.base_url,
-                           exc)
+            others = "using the others" if len(self.servers) > 1 else "waiting for it"
+            logger.warning("model server %s is down (%s); %s", server.base_url, exc, others)
 
     def _probe_failed(self, server: Server, exc: Exception) -> None:
         self._cool_down(server)
