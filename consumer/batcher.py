@@ -686,7 +686,7 @@ class Batcher:
         per_step = state.schedule.episodes_per_step
         low, high = self.version * per_step, (self.version + 1) * per_step
         done = sum(1 for keys in state.finished.values() for _, k in keys if low <= k < high)
-        return min(wanted, len(state.streams) * per_step - done)
+        return min(wanted, self._most_groups(state) - done)
 
     def _hand_out_short(self, state: ModeState, wanted: int, deliverable: int) -> None:
         if deliverable <= 0:

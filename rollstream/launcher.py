@@ -409,8 +409,7 @@ def _up(opts: UpOptions, count: int, out: TextIO) -> int:
         finally:
             codes = stop_processes(procs)
             client.close()
-        bad = [c for c in codes if c not in (0, -signal.SIGTERM)]
-        if bad:
+        if any_failed(procs):
             print(f"error: producers exited with {codes}", file=sys.stderr, flush=True)
             if status == EXIT_OK:
                 status = EXIT_FAILED

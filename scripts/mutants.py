@@ -442,7 +442,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "batcher-sync-short-batch", "consumer/batcher.py",
-        "        return min(wanted, len(state.streams) * per_step - done)\n",
+        "        return min(wanted, self._most_groups(state) - done)\n",
         "        return wanted\n",
         "a sync step whose group was dropped (a member failed) is handed out without it, "
         "not waited for forever",

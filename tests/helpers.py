@@ -206,6 +206,15 @@ if SLOW_BUILD_ENV_ID not in gym.registry:
     gym.register(id=SLOW_BUILD_ENV_ID, entry_point="helpers:SlowToBuildEnv")
 
 
+def broken_group_config(threaded: bool = False, **overrides: Any) -> RolloutConfig:
+    """`small_config` whose train group 3 is an env that always raises (groups 0-2 are
+    FrozenLake): its episodes fail and the group is dropped."""
+    return small_config(
+        custom_envs={"Broken": {"env_id": BROKEN_ENV_ID, "threaded": threaded}},
+        train_env_manager={"tags": ["FrozenLake", "Broken"], "num_groups_partition": [3, 1]},
+        **overrides)
+
+
 def get_batch_in_thread(batcher: Any, timeout_s: float) -> tuple[threading.Thread, dict]:
     """`batcher.get_batch("train")` on a started thread; the dict gets "batch" or "error"."""
     result: dict[str, Any] = {}

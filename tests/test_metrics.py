@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import (
-    BROKEN_ENV_ID,
     ONE_STEP_ENV_ID,
+    broken_group_config,
     clean_env,
     free_port,
     small_config,
@@ -192,11 +192,8 @@ def test_up_trainer_hands_its_script_the_metrics_port_and_the_producers_the_next
 
 
 def test_env_errors_replays_and_failed_groups_are_counted(r, run, producer_thread):
-    config = small_config(
-        rollout_batch_size=12, env_max_retries=1, async_generation_ratio=1,
-        custom_envs={"Broken": {"env_id": BROKEN_ENV_ID}},
-        train_env_manager={"tags": ["FrozenLake", "Broken"], "num_groups_partition": [3, 1]},
-    )
+    config = broken_group_config(rollout_batch_size=12, env_max_retries=1,
+                                 async_generation_ratio=1)
     batcher = Batcher(r, config, run=run)
     thread = producer_thread()
     page = thread.producer.serve_metrics(0, "127.0.0.1")

@@ -13,11 +13,11 @@ from typing import Any
 import msgpack
 import pytest
 from helpers import (
-    BROKEN_ENV_ID,
     SLEEPY_ENV_ID,
     SLOW_BUILD_ENV_ID,
     BrokenEnv,
     HoldsSecondEpisode,
+    broken_group_config,
     publish,
     small_config,
     wait_for,
@@ -276,11 +276,8 @@ def test_a_sync_step_whose_group_failed_is_handed_out_without_it(r, run, produce
     # a sync step's groups are its only ones until the version moves: a group dropped because
     # a member failed (an env that kept raising, a model server refusing a request) cannot be
     # replaced, and a batch of every group would wait for it forever
-    config = small_config(
-        rollout_batch_size=16, env_max_retries=0, async_generation_ratio=0,
-        custom_envs={"Broken": {"env_id": BROKEN_ENV_ID}},
-        train_env_manager={"tags": ["FrozenLake", "Broken"], "num_groups_partition": [3, 1]},
-    )
+    config = broken_group_config(rollout_batch_size=16, env_max_retries=0,
+                                 async_generation_ratio=0)
     batcher = Batcher(r, config, run=run)
     producer_thread()
     for step in range(2):
@@ -295,11 +292,8 @@ def test_a_sync_step_whose_group_failed_is_handed_out_without_it(r, run, produce
 @pytest.mark.parametrize("threaded", [False, True])
 def test_failing_env_drops_its_group_and_counts_it(r, run, producer_thread, threaded):
     BrokenEnv.resets.clear()
-    config = small_config(
-        rollout_batch_size=12, env_max_retries=1, async_generation_ratio=1,
-        custom_envs={"Broken": {"env_id": BROKEN_ENV_ID, "threaded": threaded}},
-        train_env_manager={"tags": ["FrozenLake", "Broken"], "num_groups_partition": [3, 1]},
-    )
+    config = broken_group_config(threaded, rollout_batch_size=12, env_max_retries=1,
+                                 async_generation_ratio=1)
     batcher = Batcher(r, config, run=run)
     thread = producer_thread()
     for _ in range(3):

@@ -89,9 +89,8 @@ def check_url(url: str | None) -> str:
 def _check_user_part(url: str) -> None:
     """A `/` typed raw in the password ends the host part early, and redis-py's complaint
     (about the port or the host it then sees) would quote a piece of the password."""
-    rest = url.partition("://")[2].partition("?")[0]
-    at = rest.rfind("@")
-    if at > rest.find("/") >= 0:
+    userinfo = url.partition("://")[2].partition("?")[0].rpartition("@")[0]
+    if "/" in userinfo:
         raise RedisUrlError(f"bad Redis URL {mask_url(url)!r}: its user part holds a raw '/'; "
                             "write the password's '/' as %2F (or set ROLLSTREAM_REDIS_PASSWORD)")
 
