@@ -34,6 +34,15 @@ How a server loads a checkpoint (`method`):
 `update` is safe to call again after an error (SGLang reloads, a loaded adapter is not loaded
 twice, the record is overwritten); its error names every server that failed, and the servers
 that succeeded are recorded.
+
+A server restarted mid-run comes back with its launch weights. The record keeps the
+checkpoint each server loaded, and `heal()` asks every recorded server what it holds (SGLang:
+`GET /model_info`'s `weight_version`, `/get_weight_version` on older servers; vLLM: its
+adapters in `GET /v1/models`; a callable loader: the `check` callable, if given) and loads the
+recorded checkpoint again into any that lost it. `watch(interval_s)` heals on a thread of its
+own until `close()`. Meanwhile the producers do not use such a server: an SGLang server whose
+answers report no version where one was loaded, or a vLLM server answering 404 for the
+adapter, is marked down until it holds its weights again.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -55,6 +65,7 @@ from schemas.errors import ConfigError, ServerUpdateError
 from schemas.keys import Keys
 from schemas.policy import (
     OpenAIPolicyConfig,
+    ServerRecord,
     error_message,
     read_server_record,
     request_headers,
@@ -67,8 +78,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Loader = Callable[[str, int, str], "str | None"]  # (base URL, version, checkpoint) -> model
+Check = Callable[[str], "int | None"]  # base URL -> the version it holds now (None: its launch
+# weights, or cannot tell)
 METHODS = ("sglang", "vllm-lora")
 DEFAULT_ADAPTER_NAME = "rollstream-v{version}"
+CHECK_TIMEOUT_S = 10.0  # asking a server what it holds (a load may take `timeout_s`)
 
 
 class ModelServers:
@@ -77,13 +91,14 @@ class ModelServers:
     `base_urls` are the servers' OpenAI base URLs exactly as the producers' `policy.base_urls`
     name them (`http://host:8000/v1`): the record is keyed by them. `staleness` is the run's
     `async_generation_ratio`. `ModelServers.for_batcher(batcher, method)` takes all of that
-    from the run.
+    from the run. `check` tells `heal()` what a server loaded by a callable `method` holds.
     """
 
     def __init__(self, redis: redis_lib.Redis, run: str, base_urls: Sequence[str], *,
                  method: str | Loader = "sglang", staleness: int = 0,
                  adapter_name: str = DEFAULT_ADAPTER_NAME, api_key: str | None = None,
-                 timeout_s: float = 600.0, abort_requests: bool = True):
+                 timeout_s: float = 600.0, abort_requests: bool = True,
+                 check: Check | None = None):
         if not base_urls:
             raise ConfigError("ModelServers: no base_urls (the policy's model servers)")
         if not callable(method) and method not in METHODS:
@@ -100,9 +115,13 @@ class ModelServers:
         self.adapter_name = adapter_name
         self.timeout_s = timeout_s
         self.abort_requests = abort_requests
+        self.check = check
         self._headers = request_headers(api_key)
         head, _, tail = adapter_name.partition("{version}")
         self._adapter = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail))
+        self._loading = threading.Lock()  # an update and a heal never interleave
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     @classmethod
     def for_batcher(cls, batcher: Batcher, method: str | Loader = "sglang",
@@ -130,8 +149,8 @@ class ModelServers:
         recorded in `{RUN}:servers` at once. Returns the versions recorded; raises
         `ServerUpdateError` naming every server that failed."""
         started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=len(self.base_urls),
-                                thread_name_prefix="model-server") as pool:
+        with self._loading, ThreadPoolExecutor(max_workers=len(self.base_urls),
+                                               thread_name_prefix="model-server") as pool:
             outcomes = list(pool.map(lambda url: self._update_one(url, version, checkpoint),
                                      self.base_urls))
         failed = [error for error in outcomes if error is not None]
@@ -145,7 +164,68 @@ class ModelServers:
 
     def holding(self) -> dict[str, tuple[int, str | None]]:
         """What `{RUN}:servers` records: base URL -> (version, model name or None)."""
-        out: dict[str, tuple[int, str | None]] = {}
+        return {url: (record.version, record.model) for url, record in self._records().items()}
+
+    def heal(self) -> dict[str, int]:
+        """Load the recorded checkpoint again into every server of ours that lost it (see the
+        module docstring); returns the versions loaded again. A server that does not answer is
+        left for the next call (the producers do not use it meanwhile); a failed load is
+        logged."""
+        with self._loading:
+            records = self._records()
+            lost = {url: record for url in self.base_urls
+                    if (record := records.get(url)) is not None
+                    and record.checkpoint is not None and not self._holds(url, record)}
+            if not lost:
+                return {}
+            for url, record in lost.items():
+                logger.warning("model server %s lost weight version %d (restarted?): loading "
+                               "%s again", url, record.version, record.checkpoint)
+            with ThreadPoolExecutor(max_workers=len(lost),
+                                    thread_name_prefix="model-server") as pool:
+                outcomes = list(pool.map(
+                    lambda item: self._update_one(item[0], item[1].version,
+                                                  str(item[1].checkpoint)), lost.items()))
+        for error in outcomes:
+            if error is not None:
+                logger.warning("%s", error)
+        return {url: record.version for (url, record), error
+                in zip(lost.items(), outcomes, strict=True) if error is None}
+
+    def watch(self, interval_s: float = 5.0) -> ModelServers:
+        """`heal()` every `interval_s` on a daemon thread until `close()`; returns self."""
+        if interval_s <= 0:
+            raise ConfigError(f"ModelServers.watch: interval_s must be > 0, not {interval_s}")
+        if self._watcher is None:
+            self._stop.clear()
+            self._watcher = threading.Thread(target=self._watch, args=(interval_s,),
+                                             name="model-servers-watch", daemon=True)
+            self._watcher.start()
+        return self
+
+    def close(self) -> None:
+        """Stop `watch()` (waits for a heal in progress)."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
+
+    def __enter__(self) -> ModelServers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _watch(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                self.heal()
+            except redis_lib.RedisError as exc:
+                logger.warning("cannot read %s to check the model servers: %s",
+                               self.keys.servers, exc)
+
+    def _records(self) -> dict[str, ServerRecord]:
+        out: dict[str, ServerRecord] = {}
         for field, value in self.redis.hgetall(self.keys.servers).items():
             record = read_server_record(value)
             if record is not None:
@@ -163,8 +243,10 @@ class ModelServers:
             text = " ".join(str(exc).split())
             return f"model server {base_url}: loading version {version} failed: " \
                    f"{type(exc).__name__}: {text}"
+        record = server_record(version, model, checkpoint=checkpoint,
+                               reports=self.method == "sglang")
         try:
-            self.redis.hset(self.keys.servers, base_url, server_record(version, model))
+            self.redis.hset(self.keys.servers, base_url, record)
         except redis_lib.RedisError as exc:
             return f"model server {base_url}: version {version} loaded, but not recorded " \
                    f"in {self.keys.servers}: {exc}"
@@ -178,6 +260,37 @@ class ModelServers:
             self._sglang(base_url, version, checkpoint)
             return None
         return self._vllm_lora(base_url, version, checkpoint)
+
+    def _holds(self, base_url: str, record: ServerRecord) -> bool:
+        """Whether the server still holds what it is recorded with; True when it does not
+        answer or cannot tell (nothing to do now)."""
+        try:
+            if callable(self.method):
+                if self.check is None:
+                    return True
+                held = self.check(base_url)
+                return held is not None and held >= record.version
+            if self.method == "sglang":
+                reported = self._weight_version(base_url)
+                return reported is None or (reported.isdigit()
+                                            and int(reported) >= record.version)
+            return record.model is None or record.version in self._adapters(base_url)
+        except ServerUpdateError as exc:
+            logger.debug("%s", exc)
+            return True
+
+    def _weight_version(self, base_url: str) -> str | None:
+        """The `weight_version` an SGLang server reports (None: it does not say)."""
+        for route in ("/model_info", "/get_weight_version"):  # the older servers' route
+            status, data = self._request(base_url, f"{_root(base_url)}{route}", None,
+                                         min(self.timeout_s, CHECK_TIMEOUT_S))
+            if status == 200 and isinstance(data, dict):
+                value = data.get("weight_version")
+                return None if value is None else str(value)
+            if status != 404:
+                raise ServerUpdateError(f"model server {base_url}: GET {route} failed "
+                                        f"(HTTP {status}): {_message(data)}")
+        return None
 
     def _sglang(self, base_url: str, version: int, checkpoint: str) -> None:
         url = f"{_root(base_url)}/update_weights_from_disk"
@@ -211,7 +324,8 @@ class ModelServers:
 
     def _adapters(self, base_url: str) -> dict[int, str]:
         """The adapters of ours a server has loaded: version -> name (from `GET /models`)."""
-        status, data = self._request(base_url, f"{base_url}/models", None)
+        status, data = self._request(base_url, f"{base_url}/models", None,
+                                     min(self.timeout_s, CHECK_TIMEOUT_S))
         if status != 200 or not isinstance(data, dict):
             raise ServerUpdateError(f"model server {base_url}: GET /models failed "
                                     f"(HTTP {status}): {_message(data)}")
@@ -227,24 +341,27 @@ class ModelServers:
     def _post(self, base_url: str, url: str, body: dict[str, Any]) -> tuple[int, Any]:
         return self._request(base_url, url, json.dumps(body).encode())
 
-    def _request(self, base_url: str, url: str, data: bytes | None) -> tuple[int, Any]:
-        """(status, decoded JSON or text) of a GET (no data) or a JSON POST; a server that
-        cannot be reached is a `ServerUpdateError` naming it."""
+    def _request(self, base_url: str, url: str, data: bytes | None,
+                 timeout_s: float | None = None) -> tuple[int, Any]:
+        """(status, decoded JSON or text) of a GET (no data) or a JSON POST, within
+        `timeout_s` (default: the loads' `timeout_s`); a server that cannot be reached is a
+        `ServerUpdateError` naming it."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         request = urllib.request.Request(url, data=data, headers=self._headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()
         except TimeoutError:  # it took the request and did not answer in time
             raise ServerUpdateError(f"model server {base_url}: {url} did not answer within "
-                                    f"{self.timeout_s:g}s (a slow weight load? raise "
+                                    f"{timeout_s:g}s (a slow weight load? raise "
                                     "timeout_s)") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, TimeoutError):
                 raise ServerUpdateError(f"model server {base_url}: {url} did not answer within "
-                                        f"{self.timeout_s:g}s") from None
+                                        f"{timeout_s:g}s") from None
             raise ServerUpdateError(f"model server {base_url}: {url} cannot be reached: "
                                     f"{reason}") from None
         try:

@@ -7,7 +7,8 @@ serves one `/metrics` page, as Prometheus's own default registry is process-wide
     from producers import metrics
     metrics.llm_request(server_url, latency_s)   # each request a server answered
     metrics.llm_error(server_url, reason)        # each failed attempt: timeout, connection,
-                                                 #   http_5xx, http_429, http_4xx, bad_reply
+                                                 #   http_5xx, http_429, http_4xx, bad_reply,
+                                                 #   lost_weights (a restarted server)
 Each costs a dict lookup and a bisect; they are recorded whether or not metrics are served.
 """
 

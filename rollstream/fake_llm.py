@@ -434,6 +434,7 @@ class FakeLLMServer:
         except (ValueError, KeyError, TypeError) as exc:
             return _error(400, f"bad request: {exc}", "BadRequestError")
         if model != self.options.model and model not in self.adapters:
+            self.stats["unknown_model"] += 1
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         stats = self.stats
         stats["requests"] += 1

@@ -261,7 +261,7 @@ def _model_servers(raw: dict[Any, bytes]) -> list[dict[str, Any]]:
     for url, value in sorted((_text(k), v) for k, v in raw.items()):
         record = read_server_record(value)
         if record is not None:
-            out.append({"url": url, "version": record[0], "model": record[1]})
+            out.append({"url": url, "version": record.version, "model": record.model})
     return out
 
 

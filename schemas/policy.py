@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -181,25 +182,43 @@ def policy_known_keys(section: dict[str, Any]) -> set[str] | None:
     return set(model.model_fields) | ({"api_key"} if model is OpenAIPolicyConfig else set())
 
 
-def server_record(version: int, model: str | None = None) -> str:
-    """A `{RUN}:servers` value: the weight version a model server holds and, when requests
-    must name something other than the policy's `model` to get it (a vLLM LoRA adapter), that
-    name. JSON, readable with redis-cli: `{"version": 7, "model": "rollstream-v7"}`."""
+@dataclass(frozen=True)
+class ServerRecord:
+    """What `{RUN}:servers` records of one model server (a trainer's `ModelServers`)."""
+
+    version: int  # the weight version it holds
+    model: str | None = None  # the name requests use to get it (a vLLM LoRA adapter); None:
+    # the policy's `model`
+    checkpoint: str | None = None  # what it loaded: loaded again if the server loses it
+    reports: bool = False  # it reports the version in each answer (SGLang's `weight_version`,
+    # set by the update): an answer reporting no version comes from weights it was not given
+
+
+def server_record(version: int, model: str | None = None, *, checkpoint: str | None = None,
+                  reports: bool = False) -> str:
+    """A `{RUN}:servers` value (see `ServerRecord`). JSON, readable with redis-cli:
+    `{"version": 7, "model": "rollstream-v7", "checkpoint": "/ckpt/7"}`."""
     record: dict[str, Any] = {"version": int(version)}
     if model is not None:
         record["model"] = model
+    if checkpoint is not None:
+        record["checkpoint"] = checkpoint
+    if reports:
+        record["reports"] = True
     return json.dumps(record, separators=(",", ":"))
 
 
-def read_server_record(raw: bytes | str) -> tuple[int, str | None] | None:
-    """(version, model name or None) of a `{RUN}:servers` value; None when unreadable."""
+def read_server_record(raw: bytes | str) -> ServerRecord | None:
+    """The `ServerRecord` of a `{RUN}:servers` value; None when unreadable."""
     try:
         record = json.loads(raw)
         version = int(record["version"])
-        model = record.get("model")
+        model, checkpoint = record.get("model"), record.get("checkpoint")
+        reports = record.get("reports") is True
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    return version, (str(model) if model is not None else None)
+    return ServerRecord(version, str(model) if model is not None else None,
+                        str(checkpoint) if checkpoint is not None else None, reports)
 
 
 # -- talking to OpenAI-compatible servers (the producers' pool and the trainer's updates) ------

@@ -12,6 +12,9 @@ policy's (turns waiting for a version), never for a timer alone.
 from __future__ import annotations
 
 import asyncio
+import http.server
+import json
+import threading
 from collections import Counter
 from typing import Any
 
@@ -23,8 +26,9 @@ from llm_helpers import MODEL, fake_llm_factory, llm_config
 from consumer import Batcher, ModelServers
 from producers.llm.chat import turn_seed
 from producers.policies import StepContext
+from rollstream.fake_llm import FakeLLMOptions, FakeLLMServer
 from schemas.config import RolloutConfig
-from schemas.errors import ServerUpdateError
+from schemas.errors import ConfigError, ServerUpdateError
 from schemas.keys import Keys
 
 fake_llm = pytest.fixture(fake_llm_factory)
@@ -401,3 +405,132 @@ def test_a_policy_start_gets_the_context_when_it_takes_one() -> None:
     asyncio.run(start_policy(with_context, context))
     asyncio.run(start_policy(object(), context))  # no start at all
     assert plain.started and with_context.context is context
+
+
+# -- a model server restarted mid-run -----------------------------------------------------
+def restarted(server: Any) -> FakeLLMServer:
+    """`server` killed and started again on its port: its launch weights, no adapters."""
+    port = server.port
+    server.stop()
+    return FakeLLMServer(FakeLLMOptions(latency_s=server.options.latency_s), port=port).start()
+
+
+def test_a_restarted_sglang_server_is_set_aside_until_its_weights_are_loaded_again(
+        fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+    """Its answers report the launch weights ("default") where version 2 was loaded: none of
+    them is used (before, they were labelled version 2 from the record); `heal()` loads the
+    recorded checkpoint again and the run goes on."""
+    server = fake_llm(latency_s=0.003)
+    batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
+    servers = ModelServers.for_batcher(batcher, "sglang")
+    producer_thread()
+    batches = run_steps(batcher, servers, 2)  # the server holds version 2
+    again = restarted(server)
+    try:
+        wait_for(lambda: any(a["weight_version"] == "default" for a in list(again.answers)),
+                 what="an answer from the restarted server's launch weights")
+        assert servers.heal() == {server.base_url: 2}
+        assert (again.options.weight_version, again.options.model_path) == ("2", "/ckpt/2")
+        assert servers.heal() == {}  # it holds them now
+        batches += run_steps(batcher, servers, 1)
+        batches.append(batcher.get_batch(timeout_s=30))
+    finally:
+        again.stop()
+    sources = Counter((step["version_source"], step["version"]) for batch in batches
+                      for traj in batch.trajectories for step in traj["steps"])
+    assert {source for source, version in sources if version > 0} == {"server"}, sources
+    assert {version for source, version in sources if source == "producer"} == {0}
+
+
+def test_a_restarted_vllm_server_loses_no_group_and_the_watch_loads_its_adapter(
+        fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+    """Its 404s for the adapter the turns name set it aside (before, each failed its episode
+    and the group was dropped); `watch()` loads the adapter again, and no group is lost."""
+    server = fake_llm(latency_s=0.003)
+    batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
+    servers = ModelServers.for_batcher(batcher, "vllm-lora")
+    producer_thread()
+    batches = run_steps(batcher, servers, 2)
+    again = restarted(server)
+    try:
+        wait_for(lambda: again.stats["unknown_model"] >= 1, what="a request for the lost adapter")
+        with servers.watch(interval_s=0.05):
+            wait_for(lambda: "rollstream-v2" in again.adapters, what="the watch to reload it")
+        assert again.adapters["rollstream-v2"] == "/ckpt/2"
+        batches += run_steps(batcher, servers, 1)
+        batches.append(batcher.get_batch(timeout_s=30))
+    finally:
+        again.stop()
+    assert batcher.totals["scheduler/failed_groups"] == 0
+    assert sum(len(batch.trajectories) for batch in batches) == 4 * 16
+
+
+def test_heal_asks_what_each_server_holds(fake_llm, r: redis.Redis, run: str) -> None:
+    """SGLang servers without `/model_info` answer on `/get_weight_version`; a callable
+    loader's servers are checked by `check`, or left alone without one; a server that does
+    not answer is left for the next call."""
+    calls: list[str] = []
+
+    class OlderSGLang(http.server.BaseHTTPRequestHandler):
+        version = "default"
+
+        def do_GET(self) -> None:
+            calls.append(self.path)
+            if self.path != "/get_weight_version":
+                self.send_error(404)
+                return
+            self.answer({"weight_version": OlderSGLang.version})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            calls.append(f"POST {self.path} {body['model_path']}")
+            OlderSGLang.version = body["weight_version"]
+            self.answer({"success": True})
+
+        def answer(self, data: dict[str, Any]) -> None:
+            raw = json.dumps(data).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    older = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OlderSGLang)
+    threading.Thread(target=older.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{older.server_address[1]}/v1"
+        gone = fake_llm()
+        gone_url = gone.base_url
+        sglang = ModelServers(r, run, [url, gone_url], method="sglang", timeout_s=5)
+        sglang.update(3, "/ckpt/3")
+        assert calls == ["POST /update_weights_from_disk /ckpt/3"]
+        assert sglang.heal() == {}  # both hold version 3
+        OlderSGLang.version = "default"  # restarted
+        gone.stop()  # and this one is down
+        assert sglang.heal() == {url: 3}
+        assert calls[-3:] == ["/model_info", "/get_weight_version",
+                              "POST /update_weights_from_disk /ckpt/3"]
+    finally:
+        older.shutdown()
+        older.server_close()
+
+    held = {"a": 5}
+    loads: list[tuple[str, int, str]] = []
+
+    def load(base_url: str, version: int, path: str) -> None:
+        loads.append((base_url, version, path))
+        held[base_url] = version
+
+    blind = ModelServers(r, run + "-blind", ["a"], method=load)
+    blind.update(5, "/ckpt/5")
+    held["a"] = 0
+    assert blind.heal() == {}  # no check: it cannot tell
+    checked = ModelServers(r, run + "-blind", ["a"], method=load, check=held.get)
+    assert checked.heal() == {"a": 5}
+    assert loads == [("a", 5, "/ckpt/5"), ("a", 5, "/ckpt/5")]
+    assert checked.heal() == {}
+    with pytest.raises(ConfigError, match="interval_s must be > 0"):
+        checked.watch(interval_s=0)
+    r.delete(Keys(run + "-blind").servers)

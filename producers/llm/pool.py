@@ -7,7 +7,10 @@ what cannot is raised:
   to `max_retries` times, then the server is marked down and another one is used;
 - a timeout (`timeout_s`): retried at once on another server when one is up (a server that
   hung once is likely still busy), else as above;
-- any other 4xx, or a 2xx body that is not a completion: `EpisodeFailed`, never retried.
+- any other 4xx, or a 2xx body that is not a completion: `EpisodeFailed`, never retried;
+- a server that lost the weights it was recorded with (restarted: it answers with its launch
+  weights, or 404 for the LoRA adapter the request named): marked down at once, another one
+  is used; the trainer's `ModelServers.watch()` loads them again (or its next update does).
 A server marked down is tried again after a cooldown (0.25 s doubling to 5 s) by a single
 request, so a dead server is not flooded. While every server is down, requests wait: one log
 line when all are down, one when a server is back.
@@ -16,7 +19,9 @@ Weight versions: `set_versions` tells the pool which version each server holds (
 trainer recorded in `{RUN}:servers`) and which model name gets it (a vLLM LoRA adapter per
 version); a request then names that model on that server, and its `Answer` carries the
 version. `chat(body, min_version=v)` sends only to a server holding at least `v` and waits
-(one log line) while none does.
+(one log line) while none does. A server recorded as reporting its version (SGLang,
+`weight_version` set by the update) that answers without one has lost those weights: its
+answer is not used.
 
 JSON with orjson: decoding a reply (logprobs, ~700 prompt ids) took 69 us with the
 standard library and 19 us with orjson here. aiohttp, not httpx: measured against the
@@ -37,7 +42,7 @@ import orjson
 
 from producers import metrics
 from schemas.errors import EpisodeFailed, PolicyError
-from schemas.policy import error_message, request_headers
+from schemas.policy import ServerRecord, error_message, request_headers
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +69,7 @@ class Server:
     version: int | None = None  # the weight version it holds, as recorded (None: unknown)
     model: str | None = None  # the model name requests name to get that version (None: the
     # pool's model; a LoRA adapter's name on vLLM)
+    reports: bool = False  # recorded as reporting `weight_version` in each answer (SGLang)
 
     @property
     def chat_url(self) -> str:
@@ -87,11 +93,13 @@ class Answer:
 
 
 class _Transient(Exception):
-    """A failure worth retrying; `timeout` when the server did not answer in time."""
+    """A failure worth retrying; `timeout` when the server did not answer in time, `lost` when
+    it lost the weights it was recorded with (not worth retrying there)."""
 
-    def __init__(self, message: str, *, timeout: bool = False):
+    def __init__(self, message: str, *, timeout: bool = False, lost: bool = False):
         super().__init__(message)
         self.timeout = timeout
+        self.lost = lost
 
 
 class ServerPool:
@@ -141,15 +149,16 @@ class ServerPool:
     def inflight(self) -> int:
         return sum(server.inflight for server in self.servers)
 
-    def set_versions(self, records: dict[str, tuple[int, str | None]]) -> bool:
-        """Each server's (version, model name) from `{RUN}:servers`, by base URL (a server
-        without a record: unknown). True when something changed; waiting requests look
-        again at once."""
+    def set_versions(self, records: dict[str, ServerRecord]) -> bool:
+        """Each server's record from `{RUN}:servers`, by base URL (a server without a record:
+        version unknown). True when something changed; waiting requests look again at once."""
         changed = False
         for server in self.servers:
-            version, model = records.get(server.base_url, (None, None))
-            if (version, model) != (server.version, server.model):
-                server.version, server.model = version, model
+            record = records.get(server.base_url)
+            seen = (None, None, False) if record is None else (
+                record.version, record.model, record.reports)
+            if seen != (server.version, server.model, server.reports):
+                server.version, server.model, server.reports = seen
                 changed = True
         if changed and self._changed is not None:
             self._changed.set()
@@ -245,6 +254,7 @@ class ServerPool:
         on failure."""
         assert self._session is not None
         model, version = server.model, server.version  # an adapter fixes its version now
+        reports = server.reports
         if model is not None:
             body = self._naming(body, model)
         server.inflight += 1
@@ -266,6 +276,10 @@ class ServerPool:
         if status >= 500 or status in TRANSIENT_4XX:
             metrics.llm_error(server.base_url, "http_5xx" if status >= 500 else f"http_{status}")
             raise _Transient(f"HTTP {status}: {_message(raw)}")
+        if status == 404 and model is not None:  # restarted: the adapter is gone
+            metrics.llm_error(server.base_url, "lost_weights")
+            raise _Transient(f"it does not have {model!r} (HTTP 404): restarted? (the "
+                             "trainer's ModelServers.watch() loads it again)", lost=True)
         if status >= 400:
             metrics.llm_error(server.base_url, "http_4xx")
             self._mark_up(server)  # it answered: up, but this request will not pass
@@ -279,6 +293,13 @@ class ServerPool:
             metrics.llm_error(server.base_url, "bad_reply")
             raise EpisodeFailed(f"model server {server.base_url} answered HTTP {status} "
                                 f"without a completion ({exc})") from None
+        if reports and model is None and version is not None:
+            reported = _reported_version(data)
+            if reported is not None and not reported.isdigit():  # not a version we loaded
+                metrics.llm_error(server.base_url, "lost_weights")
+                raise _Transient(f"it answers with weight_version {reported!r} where version "
+                                 f"{version} was loaded: restarted? (the trainer's "
+                                 "ModelServers.watch() loads it again)", lost=True)
         metrics.llm_request(server.base_url, latency_s)
         if model is None and server.model is None:  # full weights: what it holds now
             version = server.version
@@ -300,6 +321,9 @@ class ServerPool:
             self._probe_failed(server, exc)
             return await self._pick(avoid=server, min_version=min_version), 0
         if server.down:  # another request marked it down meanwhile
+            return await self._pick(avoid=server, min_version=min_version), 0
+        if exc.lost:  # until it holds them again: the trainer's ModelServers reloads them
+            self._mark_down(server, exc)
             return await self._pick(avoid=server, min_version=min_version), 0
         if exc.timeout and any(s is not server and not s.down for s in self.servers):
             return await self._pick(avoid=server, min_version=min_version), 0
@@ -407,6 +431,15 @@ def _inflight(server: Server) -> int:
 
 def _retry_at(server: Server) -> float:
     return server.retry_at
+
+
+def _reported_version(data: dict[str, Any]) -> str | None:
+    """The `weight_version` an answer reports (SGLang's `metadata` or `meta_info`), as text."""
+    for key in ("metadata", "meta_info"):
+        meta = data.get(key)
+        if isinstance(meta, dict) and meta.get("weight_version") is not None:
+            return str(meta["weight_version"])
+    return None
 
 
 def _message(raw: bytes) -> str:

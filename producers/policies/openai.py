@@ -14,10 +14,12 @@ its first turn at the new version, one read for all the producer's envs) and eve
 `SERVERS_POLL_S` (every poll interval while a turn waits for a version), and a turn then names
 the model that holds it (a vLLM LoRA adapter per version). A turn records the version the
 server reports (SGLang's `weight_version`; source `server`), else the one recorded for the
-server that answered (`recorded`), else the producer's (`producer`). With `require_version`
-a turn goes only to a server holding at least `run version - async_generation_ratio`, and
-waits while none does. A turn the server aborted raises `TurnAborted` (the producer sends it
-again through its gate); a turn cut short leaves the conversation as it was.
+server that answered (`recorded`), else the producer's (`producer`); a server that lost the
+weights it is recorded with (restarted) is set aside by the pool, never labelled. With
+`require_version` a turn goes only to a server holding at least `run version -
+async_generation_ratio`, and waits while none does. A turn the server aborted raises
+`TurnAborted` (the producer sends it again through its gate); a turn cut short leaves the
+conversation as it was.
 
 The API key is read at `start()` from the environment variable `api_key_env` names and sent
 as `Authorization: Bearer`; it is never logged and never leaves the process otherwise.
@@ -36,7 +38,7 @@ from redis.exceptions import RedisError
 from producers.policies import PolicyContext, StepContext, Turn
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
 from schemas.errors import PolicyError, TurnAborted
-from schemas.policy import OpenAIPolicyConfig, read_server_record
+from schemas.policy import OpenAIPolicyConfig, ServerRecord, read_server_record
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +184,7 @@ class OpenAIPolicy:
             logger.warning("cannot read %s (%s); turns go on with the versions known",
                            context.keys.servers, exc)
             return
-        records: dict[str, tuple[int, str | None]] = {}
+        records: dict[str, ServerRecord] = {}
         for field, value in raw.items():
             url = field.decode() if isinstance(field, bytes) else str(field)
             record = read_server_record(value)
