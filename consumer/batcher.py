@@ -19,7 +19,9 @@ import heapq
 import logging
 import math
 import numbers
+import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -156,6 +158,54 @@ class ModeState:
     handed: set[Entry] = field(default_factory=set)  # entries handed out, not yet acked
 
 
+class _Heartbeat:
+    """A batcher's liveness key (`{RUN}:alive:{consumer}`, PX `ttl_ms`), refreshed every third
+    of its ttl on a daemon thread from the first `get_batch` until `stop()`, or until the
+    Batcher is garbage: also while the trainer trains between calls. Another batcher claims
+    this one's pending entries only once the key has expired (the process is gone)."""
+
+    def __init__(self, batcher: Batcher, ttl_ms: int):
+        self._owner = weakref.ref(batcher)
+        self._redis = batcher.redis
+        self._key = batcher.keys.batcher_alive(batcher.consumer)
+        self._ttl_ms = ttl_ms
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Write the key now (raises a Redis error) and keep it fresh; once only."""
+        if self._thread is not None:
+            return
+        self._beat()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"rollstream-{self._key}")
+        self._thread.start()
+
+    def stop(self, forget: bool) -> None:
+        """Stop refreshing; with `forget`, delete the key (best effort)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            if forget:
+                try:
+                    self._redis.delete(self._key)
+                except redis_lib.RedisError as exc:
+                    logger.debug("could not delete %s: %s", self._key, exc)
+
+    def _beat(self) -> None:
+        self._redis.set(self._key, b"1", px=self._ttl_ms)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._ttl_ms / 3000):
+            if self._owner() is None:
+                return  # the Batcher is gone: let the key expire
+            try:
+                self._beat()
+            except redis_lib.RedisError as exc:
+                logger.debug("could not refresh %s: %s", self._key, exc)
+
+
 class Batcher:
     """Turns the trajectory streams of a run into batches for the trainer.
 
@@ -163,7 +213,9 @@ class Batcher:
     Redis) and creates the consumer groups. `redis_client` is a `Redis`, a `RedisCluster`, a
     Sentinel-made client or a URL (a plain `Redis` of a cluster node is made a cluster
     client). Several batchers can split the groups: `index=i, count=n` takes groups with
-    `g % n == i`.
+    `g % n == i`. From its first `get_batch` a batcher keeps a liveness key fresh (a daemon
+    thread, `alive_ttl_ms`); another batcher claims its unacked entries only once that key
+    has expired and they were idle for `claim_idle_ms`. `close()` (or `with`) ends it.
     """
 
     def __init__(
@@ -180,6 +232,7 @@ class Batcher:
         read_count: int = 256,
         publish_config: bool = True,
         write_timeout_s: float = 60.0,
+        alive_ttl_ms: int = 10_000,
     ):
         if not isinstance(config, RolloutConfig):
             raise ConfigError(f"Batcher needs a RolloutConfig, not {type(config).__name__} "
@@ -187,7 +240,8 @@ class Batcher:
         if not 0 <= index < count:
             raise ConfigError(f"batcher index {index} must be in [0, {count})")
         for name, value, least in (("block_ms", block_ms, 1), ("read_count", read_count, 1),
-                                   ("claim_idle_ms", claim_idle_ms, 0)):  # 0: claim at once
+                                   ("claim_idle_ms", claim_idle_ms, 0),  # 0: claim at once
+                                   ("alive_ttl_ms", alive_ttl_ms, 30)):
             if not _is_int(value) or value < least:
                 raise ConfigError(f"Batcher {name} must be an integer >= {least}, got {value!r}")
         for mode in config.modes():
@@ -217,6 +271,7 @@ class Batcher:
         self._state_at = 0.0  # monotonic time the state record was last written
         self._states = {mode: self._new_state(mode) for mode in config.modes()}
         self._last_claim = 0.0
+        self._alive = _Heartbeat(self, alive_ttl_ms)
         self._stream_names = {(mode, g): self.keys.stream(mode, g) for mode in config.modes()
                               for g in range(config.manager(mode).num_env_groups)}
         self._owns_config = publish_config
@@ -234,10 +289,19 @@ class Batcher:
 
     # -- setup -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close the client, if the Batcher made it (from a URL, or a cluster client for a
-        plain client of a cluster node); a client passed in is the caller's to close."""
+        """Stop the liveness heartbeat (another batcher may then claim a batch this one handed
+        out and did not ack, after `claim_idle_ms`) and close the client, if the Batcher made
+        it (from a URL, or a cluster client for a plain client of a cluster node); a client
+        passed in is the caller's to close."""
+        self._alive.stop(forget=True)
         if self._owns_client:
             self.redis.close()
+
+    def __enter__(self) -> Batcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @staticmethod
     def _fit_block(redis: SyncClient, block_ms: int) -> int:
@@ -552,6 +616,7 @@ class Batcher:
 
     def _recover(self, state: ModeState) -> None:
         """After a restart: this consumer's pending entries, then a dead consumer's."""
+        self._alive.start()
         raw = self.redis.get(self.keys.inflight(state.mode, self.consumer))
         inflight = {Entry(s, i) for s, i in unpack(_bytes(raw))} if raw else set()
         self._read_pending(state, inflight)
@@ -571,24 +636,53 @@ class Batcher:
             cursors = nxt
 
     def _reclaim(self, state: ModeState) -> None:
-        """XAUTOCLAIM entries another consumer left pending longer than `claim_idle_ms`."""
+        """Claim the entries a dead batcher left pending longer than `claim_idle_ms`: one
+        whose liveness key (`_Heartbeat`) has expired. A live batcher's unacked batch stays
+        its own, however long its trainer takes."""
         self._last_claim = time.monotonic()
-        starts = {stream: "0-0" for stream in state.streams}
-        while starts:
+        dead = self._dead_holders(state)
+        pages = {(name, stream): "-" for name, streams in dead.items() for stream in streams}
+        while pages:
             pipe = self.redis.pipeline(transaction=False)
-            for stream, start in starts.items():
-                pipe.xautoclaim(stream, CONSUMER_GROUP, self.consumer,
-                                min_idle_time=self.claim_idle_ms, start_id=start,
-                                count=self.read_count)
-            nxt: dict[str, str] = {}
-            for stream, reply in zip(starts, pipe.execute(), strict=True):
-                cursor, messages = _text(reply[0]), reply[1]
+            for (name, stream), start in pages.items():
+                pipe.xpending_range(stream, CONSUMER_GROUP, min=start, max="+",
+                                    count=self.read_count, consumername=name,
+                                    idle=self.claim_idle_ms)
+            found = {where: [item["message_id"] for item in reply]
+                     for where, reply in zip(pages, pipe.execute(), strict=True) if reply}
+            if not found:
+                return
+            pipe = self.redis.pipeline(transaction=False)
+            for (_, stream), ids in found.items():
+                pipe.xclaim(stream, CONSUMER_GROUP, self.consumer,
+                            min_idle_time=self.claim_idle_ms, message_ids=ids)
+            for (name, stream), messages in zip(found, pipe.execute(), strict=True):
                 if messages:
-                    logger.info("claimed %d pending entries of %s", len(messages), stream)
+                    logger.info("claimed %d pending entries of %s from batcher %s (gone)",
+                                len(messages), stream, _text(name))
                     self._assemble(state, stream, messages, set())
-                if cursor != "0-0":
-                    nxt[stream] = cursor
-            starts = nxt
+            pages = {where: "(" + _text(ids[-1]) for where, ids in found.items()
+                     if len(ids) >= self.read_count}
+
+    def _dead_holders(self, state: ModeState) -> dict[str, list[str]]:
+        """Other consumers with entries pending in this batcher's streams and no live
+        heartbeat: consumer -> those streams."""
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in state.streams:
+            pipe.xpending(stream, CONSUMER_GROUP)
+        holders: dict[str, list[str]] = defaultdict(list)
+        for stream, summary in zip(state.streams, pipe.execute(), strict=True):
+            for consumer in summary.get("consumers") or ():
+                name = _text(consumer["name"])
+                if name != self.consumer and int(consumer["pending"]):
+                    holders[name].append(stream)
+        if not holders:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for name in holders:
+            pipe.exists(self.keys.batcher_alive(name))
+        return {name: streams for (name, streams), alive
+                in zip(holders.items(), pipe.execute(), strict=True) if not alive}
 
     def _read(self, state: ModeState, block_ms: int | None) -> None:
         """One XREADGROUP over the mode's streams (rotated); `block_ms` None: do not block."""

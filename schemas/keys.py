@@ -112,6 +112,9 @@ class Keys:
     def inflight(self, mode: str, consumer: str) -> str:  # string: a handed-out, unacked batch
         return f"{self.prefix}:inflight:{mode}:{consumer}"
 
+    def batcher_alive(self, consumer: str) -> str:  # string, PX ttl: the batcher's process lives
+        return f"{self.prefix}:alive:{consumer}"
+
     def pattern(self) -> str:
         """SCAN pattern matching every key of the run."""
         return self.prefix + ":*"

@@ -340,6 +340,22 @@ MUTANTS: tuple[Mutant, ...] = (
          f"{GEN}::test_heal_asks_what_each_server_holds"),
     ),
     Mutant(
+        "batcher-claims-only-the-dead", "consumer/batcher.py",
+        "                in zip(holders.items(), pipe.execute(), strict=True) if not alive}",
+        "                in zip(holders.items(), pipe.execute(), strict=True)}",
+        "a batcher claims pending entries only from a batcher whose liveness key expired",
+        ("tests/test_rollout.py::"
+         "test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is",),
+    ),
+    Mutant(
+        "batcher-heartbeat", "consumer/batcher.py",
+        "            try:\n                self._beat()\n",
+        "            try:\n                pass\n",
+        "the liveness key is refreshed while the trainer trains between calls",
+        ("tests/test_rollout.py::"
+         "test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is",),
+    ),
+    Mutant(
         "commit-waits-for-replicas", "producers/commit.py",
         "        if self._replicas is None:\n",
         "        if True:  # (mutant) no WAIT\n",

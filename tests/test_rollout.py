@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -13,6 +16,7 @@ from typing import Any
 import msgpack
 import pytest
 from helpers import (
+    ROOT,
     SLEEPY_ENV_ID,
     SLOW_BUILD_ENV_ID,
     BrokenEnv,
@@ -191,14 +195,60 @@ def test_restarted_batcher_gets_the_same_batch_again(r, run, producer_thread):
     assert again.traj_ids == first.traj_ids
 
 
-def test_dead_batchers_pending_entries_are_claimed(r, run, producer_thread):
+def test_a_closed_batchers_pending_entries_are_claimed(r, run, producer_thread):
     config = small_config(rollout_batch_size=16)
     old = Batcher(r, config, run=run, consumer="old-trainer")
     producer_thread()
     first = old.get_batch("train", timeout_s=20)
+    old.close()  # without ack: its liveness key goes with it
     new = Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0)
     again = new.get_batch("train", timeout_s=20)
     assert sorted(again.traj_ids) == sorted(first.traj_ids)
+
+
+KEEPS_A_BATCH = """
+import json, sys, time
+from consumer import Batcher
+from schemas.config import RolloutConfig
+url, run, config = sys.argv[1:4]
+batcher = Batcher(url, RolloutConfig.from_json(config), run=run, consumer="old-trainer",
+                  alive_ttl_ms=600)
+print(json.dumps(batcher.get_batch("train", timeout_s=20).traj_ids), flush=True)
+time.sleep(600)  # a trainer training: its batch is not acked
+"""
+
+
+def test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is(
+        r, run, redis_url, producer_thread):
+    """Two batchers on the same groups, claims at any idle time: while the first one's
+    process lives (training for longer than claim_idle_ms), the second never takes its
+    unacked batch; once it is SIGKILLed and its liveness key expires, a batcher claims it."""
+    config = small_config(async_generation_ratio=1)  # two episodes admitted per env at once
+    producer_thread()
+    old = subprocess.Popen([sys.executable, "-c", KEEPS_A_BATCH, redis_url, run,
+                            config.to_json()], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(old.stdout.readline())
+        assert len(first) == 16
+        pending = {c["name"]: c["pending"] for c in r.xinfo_consumers(Keys(run).stream(
+            "train", 0), "batcher")}
+        assert pending[b"old-trainer"] == 4  # held unacked by a live batcher
+        time.sleep(1.0)  # longer than its 600 ms ttl: the key is there only if refreshed
+        assert r.exists(Keys(run).batcher_alive("old-trainer"))
+        new = Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0)
+        second = new.get_batch("train", timeout_s=20)
+        assert not set(second.traj_ids) & set(first)
+    finally:
+        old.kill()
+        old.wait(10)
+    wait_for(lambda: not r.exists(Keys(run).batcher_alive("old-trainer")),
+             what="the killed batcher's liveness key to expire")
+    third = Batcher(r, config, run=run, consumer="third-trainer", claim_idle_ms=0)
+    assert sorted(third.get_batch("train", timeout_s=20).traj_ids) == sorted(first)
+    assert r.exists(Keys(run).batcher_alive("new-trainer"))  # still alive: not claimed
+    new.close()
+    assert not r.exists(Keys(run).batcher_alive("new-trainer"))
+    third.close()
 
 
 def test_malformed_entry_is_dead_lettered_and_the_batcher_goes_on(r, run, producer_thread):
