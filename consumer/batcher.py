@@ -69,7 +69,8 @@ STATE_EVERY_S = 1.0  # a waiting get_batch refreshes its state record this often
 # Version v is published only over v - 1; publishing v again is a no-op (a retry whose reply
 # was lost), anything else is a conflict. Weights land in the same atomic step.
 PUBLISH_LUA = """
--- KEYS: version, weights of v, weights kept (list); ARGV: v, has weights, weights, kept
+-- KEYS: version, weights of v, weights kept (list), sync_done; ARGV: v, has weights, weights,
+-- kept
 -- The weights of the versions that fall off the list are deleted: their names are built
 -- from KEYS[2]'s, so they carry the run's hash tag and live in the same slot.
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -77,6 +78,7 @@ local v = tonumber(ARGV[1])
 if cur == v then return {0, cur} end
 if cur ~= v - 1 then return {-1, cur} end
 redis.call('SET', KEYS[1], v)
+redis.call('DEL', KEYS[4])
 if ARGV[2] == '1' then
   redis.call('SET', KEYS[2], ARGV[3])
   redis.call('LPUSH', KEYS[3], v)
@@ -93,9 +95,13 @@ return {1, cur}
 # again) and, in sync mode, pause the producers once every batcher has its batch, in one
 # atomic step, so a lost connection can never leave a batch handed out without its pause.
 HAND_OUT_LUA = """
--- KEYS: inflight, sync_handed, pause; ARGV: inflight record, sync (0/1), index, count
+-- KEYS: inflight, sync_handed, pause, sync_done; ARGV: inflight record, sync (0/1), index,
+-- count, then the groups handed out ('g:k', recorded in sync mode)
 redis.call('SET', KEYS[1], ARGV[1])
 if ARGV[2] == '1' then
+  for at = 5, #ARGV, 1000 do
+    redis.call('SADD', KEYS[4], unpack(ARGV, at, math.min(at + 999, #ARGV)))
+  end
   redis.call('SADD', KEYS[2], ARGV[3])
   if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[4]) then
     redis.call('SADD', KEYS[3], 'sync')
@@ -156,6 +162,7 @@ class ModeState:
     seq: int = 0
     held: set[Entry] = field(default_factory=set)  # entries sorted into groups in memory
     handed: set[Entry] = field(default_factory=set)  # entries handed out, not yet acked
+    failed_now: list[str] = field(default_factory=list)  # 'g:k' of groups just dropped failed
 
 
 class _Heartbeat:
@@ -532,7 +539,7 @@ class Batcher:
                 f"publish_version: weights of {len(weights) / 2**20:.1f} MB exceed the "
                 f"{MAX_WEIGHTS_BYTES // 2**20} MB a Redis value may hold here; save a checkpoint "
                 "and have the inference servers load it instead")
-        script_keys = [keys.version, keys.weights(version), keys.weights_kept]
+        script_keys = [keys.version, keys.weights(version), keys.weights_kept, keys.sync_done]
         args = [version, 1 if weights is not None else 0, weights if weights is not None else b"",
                 WEIGHTS_KEPT]
         (reply,) = self._durable_write(
@@ -621,7 +628,19 @@ class Batcher:
         inflight = {Entry(s, i) for s, i in unpack(_bytes(raw))} if raw else set()
         self._read_pending(state, inflight)
         self._reclaim(state)
+        self._load_sync_done(state)
         state.recovered = True
+
+    def _load_sync_done(self, state: ModeState) -> None:
+        """Sync mode: the groups of this step handed out or dropped before a restart (what
+        `_deliverable` counts), except those just read back from the pending list (a batch
+        handed out and not acked is handed out again)."""
+        if state.mode != "train" or not self.config.is_sync:
+            return
+        for member in self.redis.smembers(self.keys.sync_done):
+            g, k = (int(part) for part in _text(member).split(":"))
+            if g % self.count == self.index and (0, k, g) not in state.groups:
+                state.finished[g].add((0, k))
 
     def _read_pending(self, state: ModeState, inflight: set[Entry]) -> None:
         cursors: dict[Any, Any] = {stream: "0" for stream in state.streams}
@@ -715,6 +734,10 @@ class Batcher:
         if dead:
             self._dead_letter(dead)
             self.stats.count(state.mode, "scheduler/dead_lettered", len(dead))
+        if state.failed_now:  # sync: known before the entries go, for a restarted batcher
+            if self.config.is_sync and state.mode == "train":
+                self.redis.sadd(self.keys.sync_done, *state.failed_now)
+            state.failed_now.clear()
         if drop:
             self._drop_entries(drop)
 
@@ -756,6 +779,7 @@ class Batcher:
             slot.failed.append(entry)
             if state.members - len(slot.failed) < state.group_size:
                 self._finish(state, slot)
+                state.failed_now.append(f"{g}:{k}")
                 self._count(state, "scheduler/failed_groups")
                 logger.warning("dropping group %s: a member failed (%s)", key, msg.get("error"))
                 return slot.entries()
@@ -843,10 +867,12 @@ class Batcher:
         if state.mode == "train":
             record = pack([[e.stream, e.entry_id] for e in entries])
             try:
+                done = [f"{slot.key[2]}:{slot.key[1]}" for _, slot in chosen]
                 self._record_hand_out(
                     keys=[self.keys.inflight(state.mode, self.consumer), self.keys.sync_handed,
-                          self.keys.pause],
-                    args=[record, 1 if self.config.is_sync else 0, self.index, self.count])
+                          self.keys.pause, self.keys.sync_done],
+                    args=[record, 1 if self.config.is_sync else 0, self.index, self.count,
+                          *done])
             except REDIS_ERRORS:
                 for item, _ in chosen:  # nothing handed out: the groups stay ready
                     heapq.heappush(state.ready, item)

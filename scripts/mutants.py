@@ -356,6 +356,31 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is",),
     ),
     Mutant(
+        "batcher-loads-sync-done", "consumer/batcher.py",
+        "        if state.mode != \"train\" or not self.config.is_sync:\n"
+        "            return\n        for member",
+        "        if True:\n            return\n        for member",
+        "a restarted batcher knows the groups its sync step handed out or dropped",
+        ("tests/test_rollout.py::"
+         "test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost",),
+    ),
+    Mutant(
+        "batcher-records-sync-hand-out", "consumer/batcher.py",
+        "    redis.call('SADD', KEYS[4], unpack(ARGV, at, math.min(at + 999, #ARGV)))",
+        "    -- (mutant) not recorded",
+        "a sync hand-out records its groups in {RUN}:sync_done",
+        ("tests/test_rollout.py::"
+         "test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost",),
+    ),
+    Mutant(
+        "batcher-records-sync-drop", "consumer/batcher.py",
+        "                self.redis.sadd(self.keys.sync_done, *state.failed_now)",
+        "                pass",
+        "a sync step's failed group is recorded in {RUN}:sync_done before its entries go",
+        ("tests/test_rollout.py::"
+         "test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost",),
+    ),
+    Mutant(
         "commit-waits-for-replicas", "producers/commit.py",
         "        if self._replicas is None:\n",
         "        if True:  # (mutant) no WAIT\n",

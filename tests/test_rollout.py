@@ -339,6 +339,35 @@ def test_a_sync_step_whose_group_failed_is_handed_out_without_it(r, run, produce
         publish(batcher)
 
 
+def test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost(r, run, producer_thread):
+    """What a sync step handed out or dropped is in Redis (`{RUN}:sync_done`, cleared when
+    the version moves): a batcher restarted after its failed group was dropped hands the same
+    short batch out again at once (it waited out its timeout for the dropped group), and
+    one restarted after `ack` but before `publish_version` says at once that only a publish
+    can move the run on."""
+    config = broken_group_config(rollout_batch_size=16, env_max_retries=0,
+                                 async_generation_ratio=0)
+    keys = Keys(run)
+    first = Batcher(r, config, run=run)
+    producer_thread()
+    batch = first.get_batch("train", timeout_s=10)
+    assert sorted(set(batch.group_ids.tolist())) == [0, 1, 2]
+    first.close()  # the trainer dies before ack
+    again = Batcher(r, config, run=run)
+    redelivered = again.get_batch("train", timeout_s=10)
+    assert sorted(redelivered.traj_ids) == sorted(batch.traj_ids)
+    assert r.smembers(keys.sync_done) == {b"0:0", b"1:0", b"2:0", b"3:0"}
+    again.ack(redelivered)
+    again.close()  # and this one dies before its publish
+    third = Batcher(r, config, run=run)
+    with pytest.raises(BatchTimeout, match="no group of this sync step can complete any more"):
+        third.get_batch("train", timeout_s=5)
+    publish(third)
+    assert not r.exists(keys.sync_done)  # the version moved: a new step
+    assert set(third.get_batch("train", timeout_s=10).episode_ids.tolist()) == {1}
+    third.close()
+
+
 @pytest.mark.parametrize("threaded", [False, True])
 def test_failing_env_drops_its_group_and_counts_it(r, run, producer_thread, threaded):
     BrokenEnv.resets.clear()
