@@ -41,6 +41,7 @@ from schemas.errors import (
     DecodeError,
     NotReplicated,
     RunConflict,
+    StepExhausted,
     VersionConflict,
 )
 from schemas.keys import CONSUMER_GROUP, Keys
@@ -808,7 +809,7 @@ class Batcher:
 
     def _hand_out_short(self, state: ModeState, wanted: int, deliverable: int) -> None:
         if deliverable <= 0:
-            raise BatchTimeout(
+            raise StepExhausted(
                 f"get_batch(mode='train') at version {self.version}: no group of this sync "
                 f"step can complete any more (each was dropped or handed out; "
                 f"scheduler/failed_groups {int(self.totals['scheduler/failed_groups'])}); "

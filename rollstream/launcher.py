@@ -24,7 +24,7 @@ from typing import TextIO
 from consumer import Batch, Batcher
 from rollstream.embedded import EmbeddedRedis, spawn
 from schemas.config import RolloutConfig
-from schemas.errors import ConfigError, ProducersExited, RollstreamError
+from schemas.errors import ConfigError, ProducersExited, RollstreamError, StepExhausted
 from schemas.redisconn import SyncClient, mask_url, sync_client
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,12 @@ def trainer_loop(batcher: Batcher, opts: UpOptions, progress: Progress) -> int:
     while opts.steps is None or step < opts.steps:
         if opts.seconds is not None and time.monotonic() - started >= opts.seconds:
             break
-        batch = batcher.get_batch("train", timeout_s=opts.timeout_s)
+        try:
+            batch = batcher.get_batch("train", timeout_s=opts.timeout_s)
+        except StepExhausted as exc:  # e.g. restarted between an ack and its publish
+            logger.warning("%s: publishing version %d", exc, batcher.version + 1)
+            batcher.publish_version()
+            continue
         if opts.train_step_s > 0:
             time.sleep(opts.train_step_s)  # stand-in for the policy update
         batcher.ack(batch)

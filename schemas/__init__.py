@@ -7,7 +7,13 @@ admission/expiry schedule live here once; producers and consumer both import the
 from schemas.codec import SCHEMA_VERSION, decode_trajectory, encode_trajectory
 from schemas.config import EnvManagerConfig, RolloutConfig
 from schemas.envspec import EnvSpec
-from schemas.errors import BatchTimeout, ConfigError, DecodeError, RollstreamError
+from schemas.errors import (
+    BatchTimeout,
+    ConfigError,
+    DecodeError,
+    RollstreamError,
+    StepExhausted,
+)
 from schemas.keys import Keys
 from schemas.policy import (
     OpenAIPolicyConfig,
@@ -33,6 +39,7 @@ __all__ = [
     "RolloutConfig",
     "RollstreamError",
     "Schedule",
+    "StepExhausted",
     "decode_trajectory",
     "encode_trajectory",
     "episode_seed",

@@ -19,6 +19,12 @@ class BatchTimeout(RollstreamError, TimeoutError):
     """`get_batch` ran out of time; the message says what it was waiting for."""
 
 
+class StepExhausted(BatchTimeout):
+    """Sync mode: every group of this step was handed out or dropped (a member failed), so
+    no batch can come before `publish_version` moves the run to the next step (raised at
+    once, e.g. to a trainer restarted between `ack` and `publish_version`)."""
+
+
 class RedisSetupError(RollstreamError):
     """The Redis server could not be reached or started; the message names the URL."""
 

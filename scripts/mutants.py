@@ -381,6 +381,14 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost",),
     ),
     Mutant(
+        "train-publishes-an-exhausted-step", "rollstream/launcher.py",
+        "        except StepExhausted as exc:",
+        "        except ZeroDivisionError as exc:",
+        "the stand-in trainer publishes past a sync step that has nothing left",
+        ("tests/test_cli_admin.py::"
+         "test_train_restarted_between_an_ack_and_its_publish_goes_on",),
+    ),
+    Mutant(
         "commit-waits-for-replicas", "producers/commit.py",
         "        if self._replicas is None:\n",
         "        if True:  # (mutant) no WAIT\n",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
+from helpers import ROOT, small_config
 from helpers import run_cli as cli
-from helpers import small_config
 
 from consumer import Batcher
 from schemas.keys import Keys
@@ -86,3 +88,24 @@ def test_producer_exits_1_with_one_line_when_the_published_config_cannot_run(r, 
     assert "the published config cannot run: custom_envs.Big" in out.stderr
     assert "Traceback" not in out.stderr
     assert not list(r.scan_iter(match=Keys(run).prefix + ":lease:*"))
+
+
+def test_train_restarted_between_an_ack_and_its_publish_goes_on(r, run, redis_url, tmp_path,
+                                                                 producer_thread):
+    """Sync: the step's groups were all handed out and acked, the version not published (a
+    trainer killed in between). `rollstream train` is told so at once (StepExhausted),
+    publishes the next version and goes on."""
+    config = small_config()
+    path = tmp_path / "sync.yaml"
+    path.write_text(config.to_json())
+    before = Batcher(r, config, run=run)
+    producer_thread()
+    before.ack(before.get_batch("train", timeout_s=20))
+    before.close()
+    out = subprocess.run(
+        [sys.executable, "-m", "rollstream", "train", "--config", str(path), "--redis-url",
+         redis_url, "--run", run, "--steps", "1", "--timeout-s", "20"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "no group of this sync step can complete any more" in out.stderr
+    assert int(r.get(Keys(run).version)) == 2  # the publish it missed, then its own step
