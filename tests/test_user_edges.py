@@ -20,6 +20,7 @@ from helpers import run_cli as cli
 
 from consumer import Batcher
 from schemas.connection import mask_url
+from schemas.errors import ConfigError
 from schemas.keys import Keys
 
 PASSWORD = "pa:ss/w@rd"
@@ -276,6 +277,23 @@ def test_a_server_url_names_its_host_and_at_most_a_db(url, message):
     out = cli("status", "--redis-url", url, "--run", "x")
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_a_database_the_server_does_not_have_is_a_bad_url(r, run, redis_url):
+    """`/99` on a server with 16 databases: redis-py's bare ResponseError from the Batcher, a
+    "cannot reach Redis" with exit 1 from the commands, and a producer retrying forever; now
+    one line naming the URL, exit 2, everywhere."""
+    where = r.connection_pool.connection_kwargs
+    if "path" in where:
+        pytest.skip("the test server listens on a unix socket")
+    url = f"redis://{where['host']}:{where['port']}/99"
+    with pytest.raises(ConfigError, match="names a database number the server does not have"):
+        Batcher(url, small_config(), run=run)
+    for command in (["status"], ["produce", "--seconds", "5"]):
+        out = cli(*command, "--redis-url", url, "--run", run)
+        assert out.returncode == 2, out.stderr
+        assert "names a database number the server does not have" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr and "retrying" not in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("args, env, message", [

@@ -72,11 +72,16 @@ def _says_cluster(info: dict[str, Any]) -> bool:
 
 
 def _refused_database(url: str, exc: ResponseError) -> RedisUrlError | None:
-    """A cluster node refuses the SELECT of a URL with a database other than 0."""
-    if "SELECT is not allowed in cluster mode" not in str(exc):
-        return None
-    return RedisUrlError(f"Redis URL {mask_url(url)!r} names a Redis Cluster node: a cluster "
-                         "has only database 0, drop the /N")
+    """The server refuses the SELECT of the URL's database: a cluster node (database 0 only),
+    or a number the server does not have."""
+    if "SELECT is not allowed in cluster mode" in str(exc):
+        return RedisUrlError(f"Redis URL {mask_url(url)!r} names a Redis Cluster node: a "
+                             "cluster has only database 0, drop the /N")
+    if "DB index is out of range" in str(exc):
+        return RedisUrlError(f"Redis URL {mask_url(url)!r} names a database number the "
+                             "server does not have (redis.conf `databases`: 16 by default, "
+                             "numbered 0-15)")
+    return None
 
 
 # -- sync ------------------------------------------------------------------------------------
