@@ -29,6 +29,7 @@ from schemas.config import RolloutConfig, resolve_redis_url, resolve_run
 from schemas.errors import ConfigError, RedisSetupError, RollstreamError
 from schemas.keys import Keys
 from schemas.liveness import live_producers
+from schemas.policy import PythonPolicyConfig
 from schemas.redisconn import (
     REDIS_ERRORS,
     SENTINEL_FORM,
@@ -289,6 +290,7 @@ def _load_checked(path: str) -> RolloutConfig:
 
 def _config_check(args: argparse.Namespace) -> int:
     config = _load_checked(args.file)
+    _warn_python_policy(config)
     layout: dict = config.layout()
     location = _locate(args.redis_url, resolve_run(args.run, config)) if args.redis_url else None
     if args.json:
@@ -309,6 +311,20 @@ def _config_check(args: argparse.Namespace) -> int:
         run = resolve_run(args.run, config)
         print(f"run {run}: {location}{_replica_note(config, location)}")
     return 0
+
+
+def _warn_python_policy(config: RolloutConfig) -> None:
+    """A python policy whose entrypoint does not import here: a warning, not an error (the
+    producers may run where it does: another image, another PYTHONPATH)."""
+    if not isinstance(config.policy, PythonPolicyConfig):
+        return
+    from producers.policies.python import find_factory
+    from schemas.errors import PolicyError
+
+    try:
+        find_factory(config.policy)
+    except PolicyError as exc:
+        print(f"warning: {exc}; producers that cannot import it exit 1", file=sys.stderr)
 
 
 def _locate(url: str, run: str) -> Location:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import clean_env, small_config
+from helpers import clean_env, run_cli, small_config
 
 from consumer import Batcher
 from producers.policies import make_policy
@@ -126,3 +126,23 @@ def test_producer_process_exits_1_with_one_line(redis_url, run, entrypoint, expe
     assert len(output.splitlines()) == 1, output
     assert expected in output and f"policy.entrypoint {entrypoint!r}" in output
     assert "Traceback" not in output
+
+
+def test_config_check_warns_when_the_entrypoint_does_not_import_here(tmp_path):
+    """A warning, exit 0: the producers may run where it imports (another image or path)."""
+    shutil.copy(DATA / "toy_policies.py", tmp_path / "mine.py")
+    block = ("train_env_manager: {max_env_num_per_worker: 4, num_env_groups: 1, group_size: 4, "
+             "tags: [FrozenLake]}\npolicy: {type: python, entrypoint: '%s'}\n")
+    for entrypoint, warned in (("mine.py:make_weighted", None),
+                               ("mine.py:make_nothing", "has no attribute 'make_nothing'"),
+                               ("rollstream_no_such_policy:make", "no module named")):
+        path = tmp_path / "run.yaml"
+        path.write_text(block % entrypoint)
+        out = run_cli("config", "check", str(path))
+        assert out.returncode == 0, out.stderr
+        if warned is None:
+            assert "warning" not in out.stderr, out.stderr
+        else:
+            assert out.stderr.startswith("warning: policy.entrypoint '"), out.stderr
+            assert warned in out.stderr and "producers that cannot import it exit 1" \
+                in out.stderr, out.stderr

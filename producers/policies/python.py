@@ -13,16 +13,19 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from producers.policies import Policy, one_line
 from schemas.errors import PolicyError
 from schemas.policy import PythonPolicyConfig
 
 
-def load_python_policy(config: PythonPolicyConfig) -> Policy:
-    """Import the entrypoint's module, call its factory with the block's other keys."""
+def find_factory(config: PythonPolicyConfig) -> Callable[..., Any]:
+    """Import the entrypoint's module and return its factory, without calling it (`rollstream
+    config check` looks with this)."""
     entrypoint = config.entrypoint
     target, _, attr = entrypoint.rpartition(":")
     module = _load_module(entrypoint, target)
@@ -33,6 +36,13 @@ def load_python_policy(config: PythonPolicyConfig) -> Policy:
     if not callable(factory):
         raise PolicyError(f"policy.entrypoint {entrypoint!r}: {attr!r} is a "
                           f"{type(factory).__name__}, not a callable factory")
+    return factory  # type: ignore[no-any-return]
+
+
+def load_python_policy(config: PythonPolicyConfig) -> Policy:
+    """Import the entrypoint's module, call its factory with the block's other keys."""
+    entrypoint = config.entrypoint
+    factory = find_factory(config)
     try:
         policy = factory(**config.kwargs)
     except Exception as exc:
