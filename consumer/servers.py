@@ -35,18 +35,20 @@ How a server loads a checkpoint (`method`):
 twice, the record is overwritten); its error names every server that failed, and the servers
 that succeeded are recorded.
 
-A server restarted mid-run comes back with its launch weights. The record keeps the
-checkpoint each server loaded, and `heal()` asks every recorded server what it holds (SGLang:
-`GET /model_info`'s `weight_version`, `/get_weight_version` on older servers; vLLM: its
-adapters in `GET /v1/models`; a callable loader: the `check` callable, if given) and loads the
-recorded checkpoint again into any that lost it. `watch(interval_s)` heals on a thread of its
-own until `close()`. Meanwhile the producers do not use such a server: an SGLang server whose
-answers report no version where one was loaded, or a vLLM server answering 404 for the
-adapter, is marked down until it holds its weights again.
+A server restarted mid-run comes back with its launch weights, and one that was down during
+an update missed it. The record keeps the checkpoint each server loaded, and `heal()` brings
+every server to the newest checkpoint recorded: it asks each one what it holds (SGLang: `GET
+/model_info`'s `weight_version`, `/get_weight_version` on older servers; vLLM: its adapters in
+`GET /v1/models`; a callable loader: the `check` callable, if given) and loads that checkpoint
+into any that lacks it. A `ModelServers` heals every `watch_s` (5 s) on a daemon thread of its
+own until `close()` (`watch_s=None`: only when called). Meanwhile the producers do not use a
+restarted server: an SGLang server whose answers report no version where one was loaded, or a
+vLLM server answering 404 for the adapter, is marked down until it holds its weights again.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -55,6 +57,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -78,8 +81,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Loader = Callable[[str, int, str], "str | None"]  # (base URL, version, checkpoint) -> model
-Check = Callable[[str], "int | None"]  # base URL -> the version it holds now (None: its launch
-# weights, or cannot tell)
+Check = Callable[[str], "int | None"]  # base URL -> the version it holds now (0: its launch
+# weights; None: cannot tell, nothing is loaded)
+WATCH_S = 5.0  # a ModelServers heals this often by default
 METHODS = ("sglang", "vllm-lora")
 DEFAULT_ADAPTER_NAME = "rollstream-v{version}"
 CHECK_TIMEOUT_S = 10.0  # asking a server what it holds (a load may take `timeout_s`)
@@ -91,14 +95,15 @@ class ModelServers:
     `base_urls` are the servers' OpenAI base URLs exactly as the producers' `policy.base_urls`
     name them (`http://host:8000/v1`): the record is keyed by them. `staleness` is the run's
     `async_generation_ratio`. `ModelServers.for_batcher(batcher, method)` takes all of that
-    from the run. `check` tells `heal()` what a server loaded by a callable `method` holds.
+    from the run. `check` tells `heal()` what a server loaded by a callable `method` holds;
+    `watch_s` is how often the servers are healed on a daemon thread (None: never by itself).
     """
 
     def __init__(self, redis: redis_lib.Redis, run: str, base_urls: Sequence[str], *,
                  method: str | Loader = "sglang", staleness: int = 0,
                  adapter_name: str = DEFAULT_ADAPTER_NAME, api_key: str | None = None,
                  timeout_s: float = 600.0, abort_requests: bool = True,
-                 check: Check | None = None):
+                 check: Check | None = None, watch_s: float | None = WATCH_S):
         if not base_urls:
             raise ConfigError("ModelServers: no base_urls (the policy's model servers)")
         if not callable(method) and method not in METHODS:
@@ -122,6 +127,8 @@ class ModelServers:
         self._loading = threading.Lock()  # an update and a heal never interleave
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        if watch_s is not None:
+            self.watch(watch_s)
 
     @classmethod
     def for_batcher(cls, batcher: Batcher, method: str | Loader = "sglang",
@@ -167,39 +174,51 @@ class ModelServers:
         return {url: (record.version, record.model) for url, record in self._records().items()}
 
     def heal(self) -> dict[str, int]:
-        """Load the recorded checkpoint again into every server of ours that lost it (see the
-        module docstring); returns the versions loaded again. A server that does not answer is
-        left for the next call (the producers do not use it meanwhile); a failed load is
-        logged."""
+        """Load the newest checkpoint recorded into every server that does not hold it (a
+        restart lost it, or the server missed that update); returns the versions loaded. A
+        server that does not answer, or cannot tell, is left for the next call (the producers
+        do not use a restarted one meanwhile); a failed load is logged."""
         with self._loading:
             records = self._records()
-            lost = {url: record for url in self.base_urls
-                    if (record := records.get(url)) is not None
-                    and record.checkpoint is not None and not self._holds(url, record)}
-            if not lost:
+            newest = max((record for url in self.base_urls
+                          if (record := records.get(url)) is not None
+                          and record.checkpoint is not None),
+                         key=lambda record: record.version, default=None)
+            if newest is None:
                 return {}
-            for url, record in lost.items():
-                logger.warning("model server %s lost weight version %d (restarted?): loading "
-                               "%s again", url, record.version, record.checkpoint)
-            with ThreadPoolExecutor(max_workers=len(lost),
+            lacking = [url for url in self.base_urls if not self._holds(url, newest)]
+            if not lacking:
+                return {}
+            for url in lacking:
+                held = records.get(url)
+                logger.warning("model server %s lacks weight version %d (%s): loading %s",
+                               url, newest.version,
+                               "restarted?" if held is not None and held.version >= newest.version
+                               else f"it missed that update; recorded: "
+                                    f"{held.version if held is not None else 'none'}",
+                               newest.checkpoint)
+            with ThreadPoolExecutor(max_workers=len(lacking),
                                     thread_name_prefix="model-server") as pool:
                 outcomes = list(pool.map(
-                    lambda item: self._update_one(item[0], item[1].version,
-                                                  str(item[1].checkpoint)), lost.items()))
+                    lambda url: self._update_one(url, newest.version, str(newest.checkpoint)),
+                    lacking))
         for error in outcomes:
             if error is not None:
                 logger.warning("%s", error)
-        return {url: record.version for (url, record), error
-                in zip(lost.items(), outcomes, strict=True) if error is None}
+        return {url: newest.version for url, error in zip(lacking, outcomes, strict=True)
+                if error is None}
 
-    def watch(self, interval_s: float = 5.0) -> ModelServers:
-        """`heal()` every `interval_s` on a daemon thread until `close()`; returns self."""
-        if interval_s <= 0:
-            raise ConfigError(f"ModelServers.watch: interval_s must be > 0, not {interval_s}")
-        if self._watcher is None:
+    def watch(self, interval_s: float = WATCH_S) -> ModelServers:
+        """`heal()` every `interval_s` on a daemon thread until `close()` (or until this
+        object is garbage); returns self. The constructor starts it unless `watch_s=None`."""
+        if isinstance(interval_s, bool) or not isinstance(interval_s, int | float) \
+                or not interval_s > 0:
+            raise ConfigError(f"ModelServers.watch: interval_s must be > 0, not {interval_s!r}")
+        if self._watcher is None or not self._watcher.is_alive():
             self._stop.clear()
-            self._watcher = threading.Thread(target=self._watch, args=(interval_s,),
-                                             name="model-servers-watch", daemon=True)
+            self._watcher = threading.Thread(
+                target=_watch, args=(weakref.ref(self), self._stop, float(interval_s)),
+                name="model-servers-watch", daemon=True)
             self._watcher.start()
         return self
 
@@ -215,14 +234,6 @@ class ModelServers:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _watch(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
-            try:
-                self.heal()
-            except redis_lib.RedisError as exc:
-                logger.warning("cannot read %s to check the model servers: %s",
-                               self.keys.servers, exc)
 
     def _records(self) -> dict[str, ServerRecord]:
         out: dict[str, ServerRecord] = {}
@@ -269,7 +280,7 @@ class ModelServers:
                 if self.check is None:
                     return True
                 held = self.check(base_url)
-                return held is not None and held >= record.version
+                return held is None or held >= record.version
             if self.method == "sglang":
                 reported = self._weight_version(base_url)
                 return reported is None or (reported.isdigit()
@@ -277,6 +288,10 @@ class ModelServers:
             return record.model is None or record.version in self._adapters(base_url)
         except ServerUpdateError as exc:
             logger.debug("%s", exc)
+            return True
+        except Exception as exc:  # a user's check: whatever it raised, it cannot tell now
+            logger.warning("model server %s: check raised %s: %s", base_url,
+                           type(exc).__name__, " ".join(str(exc).split()))
             return True
 
     def _weight_version(self, base_url: str) -> str | None:
@@ -353,6 +368,9 @@ class ModelServers:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()
+        except http.client.HTTPException as exc:  # something on the port that is not HTTP
+            raise ServerUpdateError(f"model server {base_url}: {url} answered with no valid "
+                                    f"HTTP ({type(exc).__name__})") from None
         except TimeoutError:  # it took the request and did not answer in time
             raise ServerUpdateError(f"model server {base_url}: {url} did not answer within "
                                     f"{timeout_s:g}s (a slow weight load? raise "
@@ -368,6 +386,24 @@ class ModelServers:
             return status, json.loads(raw)
         except ValueError:
             return status, raw.decode(errors="replace")
+
+
+def _watch(ref: weakref.ref[ModelServers], stop: threading.Event, interval_s: float) -> None:
+    """The watch thread: heal every `interval_s` until stopped or the servers object is gone.
+    Nothing it meets ends it: each failure is one log line, and the next pass tries again."""
+    while not stop.wait(interval_s):
+        servers = ref()
+        if servers is None:
+            return
+        try:
+            servers.heal()
+        except redis_lib.RedisError as exc:
+            logger.warning("cannot read %s to check the model servers: %s",
+                           servers.keys.servers, exc)
+        except Exception as exc:
+            logger.warning("checking the model servers failed: %s: %s", type(exc).__name__,
+                           " ".join(str(exc).split()))
+        del servers
 
 
 def _root(base_url: str) -> str:

@@ -332,8 +332,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "servers-heal-reloads", "consumer/servers.py",
-        "                    and record.checkpoint is not None and not self._holds(url, record)}",
-        "                    and False}",
+        "            lacking = [url for url in self.base_urls if not self._holds(url, newest)]",
+        "            lacking = []",
         "heal() loads the recorded checkpoint again into a server that lost it",
         (f"{GEN}::test_a_restarted_sglang_server_is_set_aside_until_its_weights_are_loaded_again",
          f"{GEN}::test_a_restarted_vllm_server_loses_no_group_and_the_watch_loads_its_adapter",
@@ -387,6 +387,28 @@ MUTANTS: tuple[Mutant, ...] = (
         "the stand-in trainer publishes past a sync step that has nothing left",
         ("tests/test_cli_admin.py::"
          "test_train_restarted_between_an_ack_and_its_publish_goes_on",),
+    ),
+    Mutant(
+        "servers-heal-to-newest", "consumer/servers.py",
+        "            newest = max((record for url in self.base_urls",
+        "            newest = min((record for url in self.base_urls",
+        "heal() brings every server to the newest checkpoint recorded, not an older one",
+        (f"{GEN}::test_heal_brings_every_server_to_the_newest_checkpoint",),
+    ),
+    Mutant(
+        "servers-check-may-raise", "consumer/servers.py",
+        "        except Exception as exc:  # a user's check: whatever it raised, it cannot tell",
+        "        except ZeroDivisionError as exc:  # (mutant)",
+        "a check callable that raises is one warning, not a heal (or watch pass) that fails",
+        (f"{GEN}::test_heal_asks_what_each_server_holds",),
+    ),
+    Mutant(
+        "pool-retries-on-a-new-record", "producers/llm/pool.py",
+        "                if server.down:  # set aside for weights it lacked: try what it holds now",
+        "                if False:",
+        "a set-aside server is tried at once when its record changes",
+        ("tests/test_llm_pool.py::"
+         "test_a_set_aside_server_is_tried_at_once_when_its_record_changes",),
     ),
     Mutant(
         "commit-waits-for-replicas", "producers/commit.py",

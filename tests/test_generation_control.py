@@ -276,7 +276,8 @@ def test_a_loader_callable_and_errors_that_name_the_server(fake_llm, r: redis.Re
             raise RuntimeError("the RPC timed out")
         return None
 
-    servers = ModelServers(r, run, [good.base_url, bad.base_url + "/"], method=load)
+    servers = ModelServers(r, run, [good.base_url, bad.base_url + "/"], method=load,
+                           watch_s=None)
     with pytest.raises(ServerUpdateError) as info:
         servers.update(4, "/ckpt/4")
     assert str(info.value) == (f"model server {bad.base_url}: loading version 4 failed: "
@@ -285,15 +286,16 @@ def test_a_loader_callable_and_errors_that_name_the_server(fake_llm, r: redis.Re
     assert servers.holding() == {good.base_url: (4, None)}
 
     bad.stop()
-    sglang = ModelServers(r, run, [bad.base_url], method="sglang", timeout_s=5)
+    sglang = ModelServers(r, run, [bad.base_url], method="sglang", timeout_s=5, watch_s=None)
     with pytest.raises(ServerUpdateError, match=f"^model server {bad.base_url}: .* cannot be "
                        "reached"):
         sglang.update(5, "/ckpt/5")
     slow = fake_llm(load_time_s=3.0)  # takes the update, answers after 3 s
     with pytest.raises(ServerUpdateError, match=f"^model server {slow.base_url}: .* did not "
                        "answer within 0.5s"):
-        ModelServers(r, run, [slow.base_url], method="sglang", timeout_s=0.5).update(5, "/c/5")
-    lora = ModelServers(r, run, [good.base_url], method="vllm-lora")
+        ModelServers(r, run, [slow.base_url], method="sglang", timeout_s=0.5,
+                     watch_s=None).update(5, "/c/5")
+    lora = ModelServers(r, run, [good.base_url], method="vllm-lora", watch_s=None)
     good.adapters["rollstream-v6"] = "/elsewhere"  # loaded by an earlier, failed call
     assert lora.update(6, "/ckpt/6") == {good.base_url: 6}  # not loaded twice: no 400
     assert lora.holding()[good.base_url] == (6, "rollstream-v6")
@@ -422,7 +424,7 @@ def test_a_restarted_sglang_server_is_set_aside_until_its_weights_are_loaded_aga
     recorded checkpoint again and the run goes on."""
     server = fake_llm(latency_s=0.003)
     batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
-    servers = ModelServers.for_batcher(batcher, "sglang")
+    servers = ModelServers.for_batcher(batcher, "sglang", watch_s=None)
     producer_thread()
     batches = run_steps(batcher, servers, 2)  # the server holds version 2
     again = restarted(server)
@@ -448,7 +450,7 @@ def test_a_restarted_vllm_server_loses_no_group_and_the_watch_loads_its_adapter(
     and the group was dropped); `watch()` loads the adapter again, and no group is lost."""
     server = fake_llm(latency_s=0.003)
     batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
-    servers = ModelServers.for_batcher(batcher, "vllm-lora")
+    servers = ModelServers.for_batcher(batcher, "vllm-lora", watch_s=None)
     producer_thread()
     batches = run_steps(batcher, servers, 2)
     again = restarted(server)
@@ -503,7 +505,8 @@ def test_heal_asks_what_each_server_holds(fake_llm, r: redis.Redis, run: str) ->
         url = f"http://127.0.0.1:{older.server_address[1]}/v1"
         gone = fake_llm()
         gone_url = gone.base_url
-        sglang = ModelServers(r, run, [url, gone_url], method="sglang", timeout_s=5)
+        sglang = ModelServers(r, run, [url, gone_url], method="sglang", timeout_s=5,
+                              watch_s=None)
         sglang.update(3, "/ckpt/3")
         assert calls == ["POST /update_weights_from_disk /ckpt/3"]
         assert sglang.heal() == {}  # both hold version 3
@@ -523,14 +526,78 @@ def test_heal_asks_what_each_server_holds(fake_llm, r: redis.Redis, run: str) ->
         loads.append((base_url, version, path))
         held[base_url] = version
 
-    blind = ModelServers(r, run + "-blind", ["a"], method=load)
+    blind = ModelServers(r, run + "-blind", ["a"], method=load, watch_s=None)
     blind.update(5, "/ckpt/5")
     held["a"] = 0
     assert blind.heal() == {}  # no check: it cannot tell
-    checked = ModelServers(r, run + "-blind", ["a"], method=load, check=held.get)
+    checked = ModelServers(r, run + "-blind", ["a"], method=load, check=held.get,
+                           watch_s=None)
     assert checked.heal() == {"a": 5}
     assert loads == [("a", 5, "/ckpt/5"), ("a", 5, "/ckpt/5")]
     assert checked.heal() == {}
+    held["a"] = None  # type: ignore[assignment]  # the check cannot tell: nothing is loaded
+    assert checked.heal() == {} and len(loads) == 2
+
+    def broken(base_url: str) -> int:
+        raise ConnectionRefusedError("not up yet")
+
+    assert ModelServers(r, run + "-blind", ["a"], method=load, check=broken,
+                        watch_s=None).heal() == {}  # one warning; the next pass tries again
     with pytest.raises(ConfigError, match="interval_s must be > 0"):
         checked.watch(interval_s=0)
     r.delete(Keys(run + "-blind").servers)
+
+
+def test_heal_brings_every_server_to_the_newest_checkpoint(fake_llm, r: redis.Redis,
+                                                            run: str) -> None:
+    """B was down during the update to 3 and comes back with its launch weights; C came back
+    reporting version 2 (relaunched from /ckpt/2): both get /ckpt/3, the newest recorded (B's
+    own record says 2: loading that would put it a version behind the run)."""
+    a, b, c = fake_llm(), fake_llm(), fake_llm()
+    servers = ModelServers(r, run, [a.base_url, b.base_url, c.base_url], method="sglang",
+                           timeout_s=5, watch_s=None)
+    servers.update(2, "/ckpt/2")
+    b.stop()
+    with pytest.raises(ServerUpdateError, match=b.base_url):
+        servers.update(3, "/ckpt/3")
+    assert servers.holding()[b.base_url] == (2, None)
+    b_again = restarted(b)
+    c.stop()
+    c_again = FakeLLMServer(FakeLLMOptions(weight_version="2", model_path="/ckpt/2"),
+                            port=c.port).start()
+    try:
+        assert servers.heal() == {b.base_url: 3, c.base_url: 3}
+        for server in (b_again, c_again):
+            assert (server.options.weight_version, server.options.model_path) == ("3", "/ckpt/3")
+        assert a.stats["weight_updates"] == 2  # it held 3 already
+        assert servers.heal() == {}
+    finally:
+        b_again.stop()
+        c_again.stop()
+
+
+def test_the_watch_outlives_what_goes_wrong_and_heals(r: redis.Redis, run: str) -> None:
+    """A check that raises (a server still starting) costs one pass, not the watch thread;
+    `ModelServers` watches by default, and `close()` ends it."""
+    held: dict[str, int] = {}
+    asked: list[str] = []
+
+    def check(base_url: str) -> int:
+        asked.append(base_url)
+        if len(asked) <= 3:
+            raise ConnectionRefusedError("not up yet")
+        return held.get(base_url, 0)
+
+    def load(base_url: str, version: int, path: str) -> None:
+        held[base_url] = version
+
+    servers = ModelServers(r, run, ["a"], method=load, check=check, watch_s=None)
+    servers.update(4, "/ckpt/4")
+    held.clear()  # restarted
+    watched = ModelServers(r, run, ["a"], method=load, check=check, watch_s=0.05)
+    try:
+        wait_for(lambda: held.get("a") == 4, what="the watch to load version 4 again")
+        assert len(asked) >= 4  # after three passes that raised
+    finally:
+        watched.close()
+    assert watched._watcher is None

@@ -16,6 +16,7 @@ from llm_helpers import MODEL, fake_llm_factory
 
 from producers.llm.pool import ServerPool
 from schemas.errors import EpisodeFailed, PolicyError
+from schemas.policy import ServerRecord
 
 fake_llm = pytest.fixture(fake_llm_factory)
 
@@ -215,3 +216,16 @@ def test_requests_and_failures_are_counted_for_the_metrics_page(fake_llm) -> Non
     with pytest.raises(EpisodeFailed):
         run_pool([a.base_url], lambda pool: pool.chat(BODY))
     assert LLM.errors[(a.base_url, "http_4xx")] == 1
+
+
+def test_a_set_aside_server_is_tried_at_once_when_its_record_changes() -> None:
+    """A server set aside for an adapter it lacked (unloaded as the record moved on) gets its
+    next try as soon as the producer reads its new record, not after the cooldown."""
+    pool = ServerPool(["http://127.0.0.1:9/v1"])
+    server = pool.servers[0]
+    server.down, server.retry_at = True, time.monotonic() + 60
+    pool.set_versions({server.base_url: ServerRecord(3, "rollstream-v3")})
+    assert server.retry_at <= time.monotonic()
+    server.retry_at = time.monotonic() + 60
+    pool.set_versions({server.base_url: ServerRecord(3, "rollstream-v3")})  # no change
+    assert server.retry_at > time.monotonic() + 30

@@ -183,14 +183,16 @@ def test_the_weight_version_each_model_server_holds_is_shown(r, run):
     keys = Keys(run)
     batcher = Batcher(r, config, run=run)
     urls = ["http://10.0.0.1:8000/v1", "http://10.0.0.2:8000/v1"]
-    servers = ModelServers(r, run, urls, method=lambda url, version, path: None)
+    servers = ModelServers(r, run, urls, method=lambda url, version, path: None,
+                           watch_s=None)
     servers.update(1, "/ckpt/v1")  # the loader is the trainer's own (here: nothing to load)
     batcher.publish_version(1)
     snap = snapshot(r, keys, config)
     assert [(s["url"], s["version"]) for s in snap["model_servers"]] == [(u, 1) for u in urls]
     assert not [w for w in snap["warnings"] if "model server" in w]
     assert f"model servers: {urls[0]} v1, {urls[1]} v1" in render_text(snap)
-    ModelServers(r, run, urls[1:], method=lambda url, version, path: None).update(2, "/ckpt")
+    ModelServers(r, run, urls[1:], method=lambda url, version, path: None,
+                 watch_s=None).update(2, "/ckpt")
     batcher.publish_version(2)  # one server loaded version 2, the other still holds 1
     (warning,) = [w for w in snapshot(r, keys, config)["warnings"] if "model server" in w]
     assert warning.startswith(f"model server {urls[0]} holds weight version 1, 1 behind the "

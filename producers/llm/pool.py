@@ -10,7 +10,7 @@ what cannot is raised:
 - any other 4xx, or a 2xx body that is not a completion: `EpisodeFailed`, never retried;
 - a server that lost the weights it was recorded with (restarted: it answers with its launch
   weights, or 404 for the LoRA adapter the request named): marked down at once, another one
-  is used; the trainer's `ModelServers.watch()` loads them again (or its next update does).
+  is used; the trainer's `ModelServers` loads them again (or its next update does).
 A server marked down is tried again after a cooldown (0.25 s doubling to 5 s) by a single
 request, so a dead server is not flooded. While every server is down, requests wait: one log
 line when all are down, one when a server is back.
@@ -160,6 +160,8 @@ class ServerPool:
             if seen != (server.version, server.model, server.reports):
                 server.version, server.model, server.reports = seen
                 changed = True
+                if server.down:  # set aside for weights it lacked: try what it holds now
+                    server.retry_at = time.monotonic()
         if changed and self._changed is not None:
             self._changed.set()
         return changed
@@ -278,8 +280,8 @@ class ServerPool:
             raise _Transient(f"HTTP {status}: {_message(raw)}")
         if status == 404 and model is not None:  # restarted: the adapter is gone
             metrics.llm_error(server.base_url, "lost_weights")
-            raise _Transient(f"it does not have {model!r} (HTTP 404): restarted? (the "
-                             "trainer's ModelServers.watch() loads it again)", lost=True)
+            raise _Transient(f"it does not have {model!r} (HTTP 404): unloaded, or the server "
+                             "restarted (the trainer's ModelServers loads it again)", lost=True)
         if status >= 400:
             metrics.llm_error(server.base_url, "http_4xx")
             self._mark_up(server)  # it answered: up, but this request will not pass
@@ -299,7 +301,7 @@ class ServerPool:
                 metrics.llm_error(server.base_url, "lost_weights")
                 raise _Transient(f"it answers with weight_version {reported!r} where version "
                                  f"{version} was loaded: restarted? (the trainer's "
-                                 "ModelServers.watch() loads it again)", lost=True)
+                                 "ModelServers loads it again)", lost=True)
         metrics.llm_request(server.base_url, latency_s)
         if model is None and server.model is None:  # full weights: what it holds now
             version = server.version
