@@ -66,12 +66,12 @@ GroupKey = tuple[int, int, int]  # (val round, episode k, group id)
 WEIGHTS_KEPT = 3  # the last weights published that stay in Redis (versions without any skipped)
 MAX_WEIGHTS_BYTES = 64 * 2**20  # a Redis value is no place for a real checkpoint
 STATE_EVERY_S = 1.0  # a waiting get_batch refreshes its state record this often
+LOOK_EVERY_S = 1.0  # a waiting train get_batch looks this often whether more can come
 
 # Version v is published only over v - 1; publishing v again is a no-op (a retry whose reply
 # was lost), anything else is a conflict. Weights land in the same atomic step.
 PUBLISH_LUA = """
--- KEYS: version, weights of v, weights kept (list), sync_done; ARGV: v, has weights, weights,
--- kept
+-- KEYS: version, weights of v, weights kept (list); ARGV: v, has weights, weights, kept
 -- The weights of the versions that fall off the list are deleted: their names are built
 -- from KEYS[2]'s, so they carry the run's hash tag and live in the same slot.
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -79,7 +79,6 @@ local v = tonumber(ARGV[1])
 if cur == v then return {0, cur} end
 if cur ~= v - 1 then return {-1, cur} end
 redis.call('SET', KEYS[1], v)
-redis.call('DEL', KEYS[4])
 if ARGV[2] == '1' then
   redis.call('SET', KEYS[2], ARGV[3])
   redis.call('LPUSH', KEYS[3], v)
@@ -96,13 +95,9 @@ return {1, cur}
 # again) and, in sync mode, pause the producers once every batcher has its batch, in one
 # atomic step, so a lost connection can never leave a batch handed out without its pause.
 HAND_OUT_LUA = """
--- KEYS: inflight, sync_handed, pause, sync_done; ARGV: inflight record, sync (0/1), index,
--- count, then the groups handed out ('g:k', recorded in sync mode)
+-- KEYS: inflight, sync_handed, pause; ARGV: inflight record, sync (0/1), index, count
 redis.call('SET', KEYS[1], ARGV[1])
 if ARGV[2] == '1' then
-  for at = 5, #ARGV, 1000 do
-    redis.call('SADD', KEYS[4], unpack(ARGV, at, math.min(at + 999, #ARGV)))
-  end
   redis.call('SADD', KEYS[2], ARGV[3])
   if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[4]) then
     redis.call('SADD', KEYS[3], 'sync')
@@ -163,7 +158,8 @@ class ModeState:
     seq: int = 0
     held: set[Entry] = field(default_factory=set)  # entries sorted into groups in memory
     handed: set[Entry] = field(default_factory=set)  # entries handed out, not yet acked
-    failed_now: list[str] = field(default_factory=list)  # 'g:k' of groups just dropped failed
+    env_ids: list[int] = field(default_factory=list)  # the envs of the groups read here
+    looked_at: float = 0.0  # monotonic time of the last look at whether more can come
 
 
 class _Heartbeat:
@@ -210,8 +206,10 @@ class _Heartbeat:
                 return  # the Batcher is gone: let the key expire
             try:
                 self._beat()
-            except redis_lib.RedisError as exc:
-                logger.debug("could not refresh %s: %s", self._key, exc)
+            except Exception as exc:  # a cluster client's RedisClusterException is none of
+                # redis-py's RedisErrors: nothing a beat meets may end the thread
+                logger.debug("could not refresh %s: %s: %s", self._key, type(exc).__name__,
+                             exc)
 
 
 class Batcher:
@@ -280,6 +278,7 @@ class Batcher:
         self._states = {mode: self._new_state(mode) for mode in config.modes()}
         self._last_claim = 0.0
         self._alive = _Heartbeat(self, alive_ttl_ms)
+        self._closed = False
         self._stream_names = {(mode, g): self.keys.stream(mode, g) for mode in config.modes()
                               for g in range(config.manager(mode).num_env_groups)}
         self._owns_config = publish_config
@@ -301,6 +300,7 @@ class Batcher:
         out and did not ack, after `claim_idle_ms`) and close the client, if the Batcher made
         it (from a URL, or a cluster client for a plain client of a cluster node); a client
         passed in is the caller's to close."""
+        self._closed = True
         self._alive.stop(forget=True)
         if self._owns_client:
             self.redis.close()
@@ -324,7 +324,10 @@ class Batcher:
         streams = [self.keys.stream(mode, g) for g in range(manager.num_env_groups)
                    if g % self.count == self.index]
         schedule = Schedule(self.config.episodes_per_step(mode), self.config.ratio)
-        return ModeState(mode, schedule, streams, manager.group_size, manager.members)
+        members = manager.members
+        env_ids = [g * members + m for g in range(manager.num_env_groups)
+                   if g % self.count == self.index for m in range(members)]
+        return ModeState(mode, schedule, streams, manager.group_size, members, env_ids=env_ids)
 
     def _check_published_config(self) -> None:
         """A run name already in use must have been made by a config this one can resume:
@@ -378,9 +381,15 @@ class Batcher:
         for state in self._states.values():
             for stream in state.streams:
                 pipe.xgroup_create(stream, CONSUMER_GROUP, id="0", mkstream=True)
-        for reply in pipe.execute(raise_on_error=False):
-            if isinstance(reply, Exception) and "BUSYGROUP" not in str(reply):
-                raise reply
+        errors = [reply for reply in pipe.execute(raise_on_error=False)
+                  if isinstance(reply, Exception)]
+        for error in errors:
+            # each carries the frames it was raised in, and through them this one: a cycle
+            # that would keep the Batcher (and its heartbeat) alive until a full collection
+            error.__traceback__ = None
+        failed = next((error for error in errors if "BUSYGROUP" not in str(error)), None)
+        if failed is not None:
+            raise failed
 
     # -- the trainer API ---------------------------------------------------------------------
     def serve_metrics(self, port: int, addr: str = "0.0.0.0") -> MetricsServer:
@@ -395,6 +404,9 @@ class Batcher:
         batch size, for each of several batchers too) and return them. Raises `BatchTimeout`
         after `timeout_s`; `timeout_s` <= 0 looks once without waiting. An `n` that the groups
         this batcher reads can never fill at once is refused at once (`ConfigError`)."""
+        if self._closed:
+            raise ConfigError("get_batch on a closed Batcher (its liveness key is gone: "
+                              "another batcher could take the batch); make a new one")
         state = self._state(mode)
         n = self.config.batch_size(mode) if n is None else n
         if not _is_int(n) or n <= 0 or n % state.group_size:
@@ -482,15 +494,19 @@ class Batcher:
                 # one read that does not block, so oldest-first holds across what is unread
                 # (also the one look of a get_batch that may not wait)
                 self._read(state, block_ms=None)
-            while self._ready_count(state) < self._deliverable(state, wanted):
+            deliverable = self._deliverable(state, wanted)
+            while self._ready_count(state) < deliverable:
                 self._record_waiting(state, wanted, started)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise BatchTimeout(self._timeout_message(state, n, wanted, timeout_s))
+                if self._nothing_more(state):
+                    deliverable = self._ready_count(state)
+                    break
                 self._read(state, block_ms=min(self.block_ms, max(1, int(remaining * 1000))))
                 if time.monotonic() - self._last_claim > self.claim_idle_ms / 1000:
                     self._reclaim(state)
-            deliverable = self._deliverable(state, wanted)
+                deliverable = self._deliverable(state, wanted)
             if deliverable < wanted:
                 self._hand_out_short(state, wanted, deliverable)
             return self._hand_out(state, deliverable, time.monotonic() - started)
@@ -540,7 +556,7 @@ class Batcher:
                 f"publish_version: weights of {len(weights) / 2**20:.1f} MB exceed the "
                 f"{MAX_WEIGHTS_BYTES // 2**20} MB a Redis value may hold here; save a checkpoint "
                 "and have the inference servers load it instead")
-        script_keys = [keys.version, keys.weights(version), keys.weights_kept, keys.sync_done]
+        script_keys = [keys.version, keys.weights(version), keys.weights_kept]
         args = [version, 1 if weights is not None else 0, weights if weights is not None else b"",
                 WEIGHTS_KEPT]
         (reply,) = self._durable_write(
@@ -629,19 +645,7 @@ class Batcher:
         inflight = {Entry(s, i) for s, i in unpack(_bytes(raw))} if raw else set()
         self._read_pending(state, inflight)
         self._reclaim(state)
-        self._load_sync_done(state)
         state.recovered = True
-
-    def _load_sync_done(self, state: ModeState) -> None:
-        """Sync mode: the groups of this step handed out or dropped before a restart (what
-        `_deliverable` counts), except those just read back from the pending list (a batch
-        handed out and not acked is handed out again)."""
-        if state.mode != "train" or not self.config.is_sync:
-            return
-        for member in self.redis.smembers(self.keys.sync_done):
-            g, k = (int(part) for part in _text(member).split(":"))
-            if g % self.count == self.index and (0, k, g) not in state.groups:
-                state.finished[g].add((0, k))
 
     def _read_pending(self, state: ModeState, inflight: set[Entry]) -> None:
         cursors: dict[Any, Any] = {stream: "0" for stream in state.streams}
@@ -735,10 +739,6 @@ class Batcher:
         if dead:
             self._dead_letter(dead)
             self.stats.count(state.mode, "scheduler/dead_lettered", len(dead))
-        if state.failed_now:  # sync: known before the entries go, for a restarted batcher
-            if self.config.is_sync and state.mode == "train":
-                self.redis.sadd(self.keys.sync_done, *state.failed_now)
-            state.failed_now.clear()
         if drop:
             self._drop_entries(drop)
 
@@ -780,7 +780,6 @@ class Batcher:
             slot.failed.append(entry)
             if state.members - len(slot.failed) < state.group_size:
                 self._finish(state, slot)
-                state.failed_now.append(f"{g}:{k}")
                 self._count(state, "scheduler/failed_groups")
                 logger.warning("dropping group %s: a member failed (%s)", key, msg.get("error"))
                 return slot.entries()
@@ -807,16 +806,38 @@ class Batcher:
         done = sum(1 for keys in state.finished.values() for _, k in keys if low <= k < high)
         return min(wanted, self._most_groups(state) - done)
 
+    def _nothing_more(self, state: ModeState) -> bool:
+        """Train mode: whether nothing more can reach this batcher before the version moves:
+        every env of its groups has committed every episode admitted at this version (its
+        cursor is at the admission limit) and its streams hold only what it holds already.
+        Read in one transaction (a commit moves a cursor and adds its entry at once); looked
+        at first and then at most every `LOOK_EVERY_S` while waiting. This is what a batcher
+        restarted mid-step knows nothing else about: a step handed out and acked but not
+        published, or a group dropped before the restart."""
+        now = time.monotonic()
+        if state.mode != "train" or now - state.looked_at < LOOK_EVERY_S:
+            return False
+        state.looked_at = now
+        pipe = transaction(self.redis)
+        pipe.hmget(self.keys.cursor(state.mode), state.env_ids)
+        for stream in state.streams:
+            pipe.xlen(stream)
+        cursors, *lengths = pipe.execute()
+        limit = state.schedule.admit_limit(self.version)
+        if any(cursor is None or int(cursor) < limit for cursor in cursors):
+            return False
+        return sum(lengths) <= len(state.held) + len(state.handed)
+
     def _hand_out_short(self, state: ModeState, wanted: int, deliverable: int) -> None:
         if deliverable <= 0:
             raise StepExhausted(
-                f"get_batch(mode='train') at version {self.version}: no group of this sync "
-                f"step can complete any more (each was dropped or handed out; "
-                f"scheduler/failed_groups {int(self.totals['scheduler/failed_groups'])}); "
-                "publish_version to start the next step")
-        logger.warning("sync step at version %d: handing out %d of %d groups; the others were "
-                       "dropped (a member failed) and cannot be replayed before the version "
-                       "moves", self.version, deliverable, wanted)
+                f"get_batch(mode='train') at version {self.version}: no group can complete "
+                f"any more before the version moves (every episode admitted was committed, "
+                f"and each group was handed out or dropped; scheduler/failed_groups "
+                f"{int(self.totals['scheduler/failed_groups'])}); publish_version to go on")
+        logger.warning("version %d: handing out %d of %d groups; no other group can complete "
+                       "before the version moves (dropped: a member failed; or handed out "
+                       "already)", self.version, deliverable, wanted)
 
     def _is_stale(self, state: ModeState, k: int, version_start: int) -> bool:
         schedule = state.schedule
@@ -868,12 +889,10 @@ class Batcher:
         if state.mode == "train":
             record = pack([[e.stream, e.entry_id] for e in entries])
             try:
-                done = [f"{slot.key[2]}:{slot.key[1]}" for _, slot in chosen]
                 self._record_hand_out(
                     keys=[self.keys.inflight(state.mode, self.consumer), self.keys.sync_handed,
-                          self.keys.pause, self.keys.sync_done],
-                    args=[record, 1 if self.config.is_sync else 0, self.index, self.count,
-                          *done])
+                          self.keys.pause],
+                    args=[record, 1 if self.config.is_sync else 0, self.index, self.count])
             except REDIS_ERRORS:
                 for item, _ in chosen:  # nothing handed out: the groups stay ready
                     heapq.heappush(state.ready, item)

@@ -54,10 +54,6 @@ class Keys:
         return f"{self.prefix}:sync_handed"
 
     @property
-    def sync_done(self) -> str:  # set: 'g:k' groups of this sync step handed out or dropped
-        return f"{self.prefix}:sync_done"
-
-    @property
     def val_round(self) -> str:  # string int: the val round asked for
         return f"{self.prefix}:val_round"
 

@@ -356,29 +356,23 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is",),
     ),
     Mutant(
-        "batcher-loads-sync-done", "consumer/batcher.py",
-        "        if state.mode != \"train\" or not self.config.is_sync:\n"
-        "            return\n        for member",
-        "        if True:\n            return\n        for member",
-        "a restarted batcher knows the groups its sync step handed out or dropped",
+        "batcher-sees-nothing-more-can-come", "consumer/batcher.py",
+        "                if self._nothing_more(state):",
+        "                if False:",
+        "a batcher whose envs committed every admitted episode hands out what it holds, or "
+        "says StepExhausted, at once",
         ("tests/test_rollout.py::"
-         "test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost",),
+         "test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost",
+         "tests/test_rollout.py::"
+         "test_async_steps_taken_without_a_publish_end_in_step_exhausted"),
     ),
     Mutant(
-        "batcher-records-sync-hand-out", "consumer/batcher.py",
-        "    redis.call('SADD', KEYS[4], unpack(ARGV, at, math.min(at + 999, #ARGV)))",
-        "    -- (mutant) not recorded",
-        "a sync hand-out records its groups in {RUN}:sync_done",
+        "batcher-nothing-more-counts-streams", "consumer/batcher.py",
+        "        return sum(lengths) <= len(state.held) + len(state.handed)",
+        "        return True",
+        "entries in the streams that another consumer holds can still come: not exhausted",
         ("tests/test_rollout.py::"
-         "test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost",),
-    ),
-    Mutant(
-        "batcher-records-sync-drop", "consumer/batcher.py",
-        "                self.redis.sadd(self.keys.sync_done, *state.failed_now)",
-        "                pass",
-        "a sync step's failed group is recorded in {RUN}:sync_done before its entries go",
-        ("tests/test_rollout.py::"
-         "test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost",),
+         "test_a_sync_batch_held_by_a_killed_batcher_goes_to_another_consumer",),
     ),
     Mutant(
         "train-publishes-an-exhausted-step", "rollstream/launcher.py",
@@ -540,7 +534,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return wanted\n",
         "a sync step whose group was dropped (a member failed) is handed out without it, "
         "not waited for forever",
-        ("tests/test_rollout.py::test_a_sync_step_whose_group_failed_is_handed_out_without_it",),
+        ("tests/test_rollout.py::test_a_sync_step_whose_group_failed_is_handed_out_without_it",
+         f"{OPS}::test_get_batch_with_no_time_to_wait_looks_once"),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",

@@ -30,7 +30,7 @@ from consumer import Batcher
 from producers.policies import StepContext
 from producers.policies.random import RandomPolicy
 from schemas.codec import unpack
-from schemas.errors import BatchTimeout, ConfigError, RunConflict, VersionConflict
+from schemas.errors import BatchTimeout, ConfigError, RunConflict, StepExhausted, VersionConflict
 from schemas.keys import Keys
 from schemas.redisconn import server_ms
 
@@ -303,7 +303,7 @@ def test_get_batch_with_no_time_to_wait_looks_once(r, run):
     batch = batcher.get_batch(timeout_s=0)  # the groups sit unread in Redis
     assert len(batch) == 16
     # nothing left of this sync step: said at once, whatever the timeout (it waited it out)
-    with pytest.raises(BatchTimeout, match="no group of this sync step can complete any more"):
+    with pytest.raises(StepExhausted, match="no group can complete any more"):
         batcher.get_batch(timeout_s=30)
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -33,7 +34,7 @@ from consumer import Batcher
 from producers.policies import StepContext
 from producers.policies.random import RandomPolicy
 from schemas.codec import ENTRY_FIELD, decode_trajectory, encode_trajectory
-from schemas.errors import BatchTimeout
+from schemas.errors import BatchTimeout, ConfigError, StepExhausted
 from schemas.keys import Keys
 from schemas.seeding import episode_seed
 
@@ -251,6 +252,46 @@ def test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is(
     third.close()
 
 
+def test_a_dropped_batcher_is_freed_without_a_full_collection(r, run):
+    """Its heartbeat ends when it is freed; a reference cycle (the BUSYGROUP replies of a run
+    that exists carried the frames that made it) kept it until a full collection."""
+    Batcher(r, small_config(), run=run)  # the run exists: the next one's groups are there
+    gc.disable()
+    try:
+        freed = weakref.ref(Batcher(r, small_config(), run=run))() is None
+        assert freed  # (not in one assert: pytest keeps what an assert evaluates)
+    finally:
+        gc.enable()
+
+
+def test_the_heartbeat_outlives_whatever_a_beat_raises(r, run):
+    """A cluster client unreachable raises RedisClusterException, none of redis-py's
+    RedisErrors: the thread must go on beating once the client is back."""
+    from redis.exceptions import RedisClusterException
+
+    with Batcher(r, small_config(), run=run, alive_ttl_ms=60) as batcher:
+        heartbeat = batcher._alive
+        heartbeat.start()
+        beats = []
+
+        class Unreachable:
+            def set(self, *args, **kwargs):
+                beats.append(1)
+                if len(beats) <= 3:
+                    raise RedisClusterException("Redis Cluster cannot be connected")
+                return r.set(*args, **kwargs)
+
+            def delete(self, *keys):
+                return r.delete(*keys)
+
+        heartbeat._redis = Unreachable()
+        wait_for(lambda: len(beats) >= 5, what="beats after three that raised")
+        assert heartbeat._thread is not None and heartbeat._thread.is_alive()
+        assert r.exists(Keys(run).batcher_alive(batcher.consumer))
+    with pytest.raises(ConfigError, match="get_batch on a closed Batcher"):
+        batcher.get_batch(timeout_s=0)
+
+
 def test_malformed_entry_is_dead_lettered_and_the_batcher_goes_on(r, run, producer_thread):
     config = small_config(rollout_batch_size=16)
     keys = Keys(run)
@@ -340,14 +381,13 @@ def test_a_sync_step_whose_group_failed_is_handed_out_without_it(r, run, produce
 
 
 def test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost(r, run, producer_thread):
-    """What a sync step handed out or dropped is in Redis (`{RUN}:sync_done`, cleared when
-    the version moves): a batcher restarted after its failed group was dropped hands the same
-    short batch out again at once (it waited out its timeout for the dropped group), and
-    one restarted after `ack` but before `publish_version` says at once that only a publish
-    can move the run on."""
+    """A batcher restarted after its failed group was dropped hands the same short batch out
+    again at once (it waited out its timeout for a group that could not come back), and one
+    restarted after `ack` but before `publish_version` says at once that only a publish moves
+    the run on: every env's cursor is at the admission limit and the streams hold nothing
+    else."""
     config = broken_group_config(rollout_batch_size=16, env_max_retries=0,
                                  async_generation_ratio=0)
-    keys = Keys(run)
     first = Batcher(r, config, run=run)
     producer_thread()
     batch = first.get_batch("train", timeout_s=10)
@@ -356,16 +396,48 @@ def test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost(r, run, pro
     again = Batcher(r, config, run=run)
     redelivered = again.get_batch("train", timeout_s=10)
     assert sorted(redelivered.traj_ids) == sorted(batch.traj_ids)
-    assert r.smembers(keys.sync_done) == {b"0:0", b"1:0", b"2:0", b"3:0"}
     again.ack(redelivered)
     again.close()  # and this one dies before its publish
     third = Batcher(r, config, run=run)
-    with pytest.raises(BatchTimeout, match="no group of this sync step can complete any more"):
-        third.get_batch("train", timeout_s=5)
+    with pytest.raises(StepExhausted, match="no group can complete any more"):
+        third.get_batch("train", timeout_s=10)
     publish(third)
-    assert not r.exists(keys.sync_done)  # the version moved: a new step
     assert set(third.get_batch("train", timeout_s=10).episode_ids.tolist()) == {1}
     third.close()
+
+
+def test_async_steps_taken_without_a_publish_end_in_step_exhausted(r, run, producer_thread):
+    """Ratio 1 admits two episodes per env ahead of the version: a trainer killed twice
+    between an ack and its publish has taken both, and a third start is told at once."""
+    config = small_config(async_generation_ratio=1)
+    producer_thread()
+    for _ in range(2):
+        with Batcher(r, config, run=run) as batcher:
+            batcher.ack(batcher.get_batch("train", timeout_s=10))
+    with Batcher(r, config, run=run) as batcher:
+        with pytest.raises(StepExhausted, match="publish_version to go on"):
+            batcher.get_batch("train", timeout_s=10)
+        publish(batcher)
+        assert set(batcher.get_batch("train", timeout_s=10).episode_ids.tolist()) == {2}
+
+
+def test_a_sync_batch_held_by_a_killed_batcher_goes_to_another_consumer(r, run, redis_url,
+                                                                      producer_thread):
+    """Sync: a batcher of another name that starts while the killed holder's liveness key
+    still lives waits for it to expire and then gets that batch (the step is not exhausted:
+    its groups are still in the streams)."""
+    config = small_config()
+    producer_thread()
+    old = subprocess.Popen([sys.executable, "-c", KEEPS_A_BATCH, redis_url, run,
+                            config.to_json()], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(old.stdout.readline())
+    finally:
+        old.kill()
+        old.wait(10)
+    assert r.exists(Keys(run).batcher_alive("old-trainer"))  # not expired yet
+    with Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0) as new:
+        assert sorted(new.get_batch("train", timeout_s=20).traj_ids) == sorted(first)
 
 
 @pytest.mark.parametrize("threaded", [False, True])
