@@ -98,6 +98,7 @@ class Held:
     envs: dict[tuple[str, str], int] = field(default_factory=dict)  # (mode, tag) -> envs
     version: int = 0
     paused: bool = False
+    servers_down: dict[str, str] = field(default_factory=dict)  # model servers set aside
 
 
 class ProducerStats:
@@ -176,6 +177,7 @@ class ProducerStats:
             recent_committed=sum(c.recent_committed for c in tags_values(tags)),
             abandoned=sum(self.abandoned.values()), env_errors=sum(self.env_errors.values()),
             refused=_by_last(self.refused), tags=dict(tags),
+            servers_down=dict(held.servers_down),
         )
         for counts in self.tags.values():
             counts.recent_committed = counts.recent_successes = counts.recent_actions = 0

@@ -465,6 +465,9 @@ class Producer:
         state = getattr(self, "state", None)
         if state is not None:
             held.version, held.paused = state.version, bool(state.paused)
+        servers_down = getattr(getattr(self, "policy", None), "servers_down", None)
+        if callable(servers_down):
+            held.servers_down = servers_down()
         return held
 
     async def _announce_leases(self) -> None:

@@ -19,7 +19,8 @@ records, which count since their previous record, so one snapshot shows them.
                    "wanted", "complete", "partial", "version", "batches", "delivered"}],
      "dropped": {"stale", "late", "failed_groups", "val_discarded", "dead_letters"},
      "redis": {"used_mb", "peak_mb", "maxmemory_mb", "limit_mb"},
-     "model_servers": [{"url", "version", "model"}],  (what a trainer's ModelServers recorded)
+     "model_servers": [{"url", "version", "model", "set_aside": {producer: why}}],  (what a
+                      trainer's ModelServers recorded; which live producers set it aside)
      "warnings": [str]}
 """
 
@@ -80,7 +81,7 @@ def snapshot(client: SyncClient, keys: Keys, config: RolloutConfig,
     snap["batchers"] = _batchers(raw["batchers"])
     snap["dropped"] = _dropped(raw["batchers"], raw["dead"])
     snap["redis"] = _redis_memory(raw["memory"], limits)
-    snap["model_servers"] = _model_servers(raw["servers"])
+    snap["model_servers"] = _model_servers(raw["servers"], records, live)
     snap["warnings"] = warnings(snap, limits)
     return snap
 
@@ -254,15 +255,26 @@ def _batchers(raw: dict[Any, bytes]) -> list[dict[str, Any]]:
     return out
 
 
-def _model_servers(raw: dict[Any, bytes]) -> list[dict[str, Any]]:
+def _model_servers(raw: dict[Any, bytes], records: dict[str, ProducerRecord],
+                   live: set[str]) -> list[dict[str, Any]]:
     """What `{RUN}:servers` records (a trainer's `ModelServers`): the weight version each
-    model server holds."""
-    out = []
+    model server holds; and which live producers have set a server aside, and why (also a
+    server with no record)."""
+    aside: dict[str, dict[str, str]] = defaultdict(dict)
+    for pid, producer in records.items():
+        if pid in live:
+            for url, why in producer.servers_down.items():
+                aside[url.rstrip("/")][pid] = why
+    out = {}
     for url, value in sorted((_text(k), v) for k, v in raw.items()):
         record = read_server_record(value)
         if record is not None:
-            out.append({"url": url, "version": record.version, "model": record.model})
-    return out
+            out[url] = {"url": url, "version": record.version, "model": record.model,
+                        "set_aside": {}}
+    for url, by in aside.items():
+        out.setdefault(url, {"url": url, "version": None, "model": None,
+                             "set_aside": {}})["set_aside"] = dict(sorted(by.items()))
+    return [out[url] for url in sorted(out)]
 
 
 def _dropped(raw: dict[Any, bytes], dead: int) -> dict[str, float]:
@@ -303,6 +315,13 @@ def warnings(snap: dict[str, Any], limits: Limits) -> list[str]:
         if batcher["state"] == "waiting" and batcher["waiting_s"] > limits.wait_warn_s:
             out.append(_wait_warning(batcher, snap))
     for server in snap["model_servers"]:
+        if server["set_aside"]:
+            why = sorted(set(server["set_aside"].values()))
+            out.append(f"model server {server['url']} set aside by {len(server['set_aside'])} "
+                       f"producer(s): {why[0]}" + (f" (and {len(why) - 1} other reasons)"
+                                                  if len(why) > 1 else ""))
+        if server["version"] is None:
+            continue
         behind = snap["version"] - server["version"]
         if behind > snap["ratio"]:
             out.append(f"model server {server['url']} holds weight version {server['version']}, "
@@ -402,8 +421,9 @@ def render_text(snap: dict[str, Any]) -> str:
 
 
 def _servers_line(snap: dict[str, Any]) -> str:
-    return "model servers: " + ", ".join(f"{ms['url']} v{ms['version']}"
-                                         for ms in snap["model_servers"])
+    return "model servers: " + ", ".join(
+        f"{ms['url']} " + (f"v{ms['version']}" if ms["version"] is not None else "v?")
+        + (" (set aside)" if ms["set_aside"] else "") for ms in snap["model_servers"])
 
 
 def _producer_tail(p: dict[str, Any]) -> str:

@@ -82,6 +82,8 @@ class ProducerRecord:
     env_errors: int = 0
     refused: dict[str, int] = field(default_factory=dict)  # commit refusals by reason
     tags: dict[str, dict[str, TagCounts]] = field(default_factory=dict)  # mode -> tag ->
+    servers_down: dict[str, str] = field(default_factory=dict)  # model servers set aside now:
+    # base URL -> why
 
     def encode(self) -> bytes:
         return pack(asdict(self))

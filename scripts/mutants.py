@@ -405,6 +405,13 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_a_set_aside_server_is_tried_at_once_when_its_record_changes",),
     ),
     Mutant(
+        "status-shows-set-aside-servers", "producers/producer.py",
+        "            held.servers_down = servers_down()",
+        "            pass",
+        "rollstream status shows which producers set a model server aside, and why",
+        (f"{GEN}::test_a_restarted_sglang_server_is_set_aside_until_its_weights_are_loaded_again",),
+    ),
+    Mutant(
         "commit-waits-for-replicas", "producers/commit.py",
         "        if self._replicas is None:\n",
         "        if True:  # (mutant) no WAIT\n",

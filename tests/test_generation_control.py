@@ -27,6 +27,7 @@ from consumer import Batcher, ModelServers
 from producers.llm.chat import turn_seed
 from producers.policies import StepContext
 from rollstream.fake_llm import FakeLLMOptions, FakeLLMServer
+from rollstream.watch import snapshot
 from schemas.config import RolloutConfig
 from schemas.errors import ConfigError, ServerUpdateError
 from schemas.keys import Keys
@@ -431,7 +432,15 @@ def test_a_restarted_sglang_server_is_set_aside_until_its_weights_are_loaded_aga
     try:
         wait_for(lambda: any(a["weight_version"] == "default" for a in list(again.answers)),
                  what="an answer from the restarted server's launch weights")
+        config, keys = batcher.config, Keys(run)
+        warning = f"model server {server.base_url} set aside by 1 producer(s): it answers " \
+                  "with weight_version 'default' where version 2 was loaded"
+        wait_for(lambda: any(w.startswith(warning) for w in
+                             snapshot(r, keys, config)["warnings"]),
+                 what="rollstream status to show the server set aside")
         assert servers.heal() == {server.base_url: 2}
+        wait_for(lambda: not snapshot(r, keys, config)["model_servers"][0]["set_aside"],
+                 what="the server back in use")
         assert (again.options.weight_version, again.options.model_path) == ("2", "/ckpt/2")
         assert servers.heal() == {}  # it holds them now
         batches += run_steps(batcher, servers, 1)

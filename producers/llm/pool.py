@@ -70,6 +70,7 @@ class Server:
     model: str | None = None  # the model name requests name to get that version (None: the
     # pool's model; a LoRA adapter's name on vLLM)
     reports: bool = False  # recorded as reporting `weight_version` in each answer (SGLang)
+    down_reason: str = ""  # when down: why (the failure that set it aside)
 
     @property
     def chat_url(self) -> str:
@@ -148,6 +149,10 @@ class ServerPool:
     @property
     def inflight(self) -> int:
         return sum(server.inflight for server in self.servers)
+
+    def servers_down(self) -> dict[str, str]:
+        """The servers set aside now: base URL -> why."""
+        return {s.base_url: s.down_reason for s in self.servers if s.down}
 
     def set_versions(self, records: dict[str, ServerRecord]) -> bool:
         """Each server's record from `{RUN}:servers`, by base URL (a server without a record:
@@ -394,6 +399,7 @@ class ServerPool:
 
     def _mark_down(self, server: Server, exc: Exception) -> None:
         server.down = True
+        server.down_reason = str(exc)
         self._cool_down(server)
         if not self._all_down:
             others = "using the others" if len(self.servers) > 1 else "waiting for it"
@@ -418,6 +424,7 @@ class ServerPool:
             return
         server.down = server.probing = False
         server.downs = 0
+        server.down_reason = ""
         if self._all_down:
             self._all_down = False
             logger.warning("model server %s is back; turns resume", server.base_url)

@@ -114,6 +114,11 @@ class OpenAIPolicy:
             gc.set_threshold(*self._gc_threshold)
             self._gc_threshold = None
 
+    def servers_down(self) -> dict[str, str]:
+        """The model servers this producer has set aside now: base URL -> why (shown by
+        `rollstream status`)."""
+        return self.pool.servers_down() if self.pool is not None else {}
+
     async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, Turn]:
         config, chat = self.config, self._chat
         if ctx.version > self._view_version and self._context is not None:
