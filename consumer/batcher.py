@@ -495,14 +495,15 @@ class Batcher:
                 # (also the one look of a get_batch that may not wait)
                 self._read(state, block_ms=None)
             deliverable = self._deliverable(state, wanted)
-            while self._ready_count(state) < deliverable:
+            while self._ready_count(state) < deliverable or self._awaits_publish(deliverable):
                 self._record_waiting(state, wanted, started)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise BatchTimeout(self._timeout_message(state, n, wanted, timeout_s))
                 if self._nothing_more(state):
                     deliverable = self._ready_count(state)
-                    break
+                    if not self._awaits_publish(deliverable):
+                        break
                 self._read(state, block_ms=min(self.block_ms, max(1, int(remaining * 1000))))
                 if time.monotonic() - self._last_claim > self.claim_idle_ms / 1000:
                     self._reclaim(state)
@@ -806,23 +807,37 @@ class Batcher:
         done = sum(1 for keys in state.finished.values() for _, k in keys if low <= k < high)
         return min(wanted, self._most_groups(state) - done)
 
+    def _awaits_publish(self, deliverable: int) -> bool:
+        """Nothing of this step can come, and another batcher (`count` > 1) may move the
+        version: wait for its publish instead of raising `StepExhausted` (a rank that does not
+        publish may ask for its next batch before the rank that does has published)."""
+        return deliverable <= 0 and self.count > 1
+
     def _nothing_more(self, state: ModeState) -> bool:
         """Train mode: whether nothing more can reach this batcher before the version moves:
         every env of its groups has committed every episode admitted at this version (its
         cursor is at the admission limit) and its streams hold only what it holds already.
-        Read in one transaction (a commit moves a cursor and adds its entry at once); looked
-        at first and then at most every `LOOK_EVERY_S` while waiting. This is what a batcher
-        restarted mid-step knows nothing else about: a step handed out and acked but not
-        published, or a group dropped before the restart."""
+        Read in one transaction with the version (a commit moves a cursor and adds its entry
+        at once; another batcher may have published meanwhile); looked at first and then at
+        most every `LOOK_EVERY_S` while waiting. This is what a batcher restarted mid-step
+        knows nothing else about: a step handed out and acked but not published, or a group
+        dropped before the restart."""
         now = time.monotonic()
         if state.mode != "train" or now - state.looked_at < LOOK_EVERY_S:
             return False
         state.looked_at = now
         pipe = transaction(self.redis)
+        pipe.get(self.keys.version)
         pipe.hmget(self.keys.cursor(state.mode), state.env_ids)
         for stream in state.streams:
             pipe.xlen(stream)
-        cursors, *lengths = pipe.execute()
+        version, cursors, *lengths = pipe.execute()
+        current = int(version or 0)
+        if current != self.version:
+            if current > self.version:  # another batcher published while this one waited
+                self.version = current
+                self._evict_expired(state)
+            return False  # (lower: Redis lost it; the next get_batch puts it back)
         limit = state.schedule.admit_limit(self.version)
         if any(cursor is None or int(cursor) < limit for cursor in cursors):
             return False

@@ -375,6 +375,13 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_a_sync_batch_held_by_a_killed_batcher_goes_to_another_consumer",),
     ),
     Mutant(
+        "batcher-rank-awaits-publish", "consumer/batcher.py",
+        "        return deliverable <= 0 and self.count > 1",
+        "        return False",
+        "with several batchers, one with nothing left waits for another's publish",
+        ("tests/test_rollout.py::test_a_rank_that_does_not_publish_waits_for_the_one_that_does",),
+    ),
+    Mutant(
         "train-publishes-an-exhausted-step", "rollstream/launcher.py",
         "        except StepExhausted as exc:",
         "        except ZeroDivisionError as exc:",

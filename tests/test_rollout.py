@@ -22,7 +22,9 @@ from helpers import (
     SLOW_BUILD_ENV_ID,
     BrokenEnv,
     HoldsSecondEpisode,
+    blocked_in_xreadgroup,
     broken_group_config,
+    get_batch_in_thread,
     publish,
     small_config,
     wait_for,
@@ -361,6 +363,32 @@ def test_two_batchers_split_the_groups(r, run, producer_thread):
     assert set(even.get_batch("train", timeout_s=20).group_ids.tolist()) == {0, 2}
     assert set(odd.get_batch("train", timeout_s=20).group_ids.tolist()) == {1, 3}
     assert r.smembers(Keys(run).pause) == {b"sync"}  # once both have their batch
+
+
+@pytest.mark.parametrize("ratio", [0, 1])
+def test_a_rank_that_does_not_publish_waits_for_the_one_that_does(r, run, producer_thread,
+                                                                  ratio):
+    """Two batchers split the groups and only rank 0 publishes. Rank 1, having taken every
+    episode admitted at version 0, asks again before that publish: it waits for it (it got
+    StepExhausted at once, advice only a publishing rank can follow) and then gets the next
+    episodes."""
+    config = small_config(rollout_batch_size=8, async_generation_ratio=ratio)
+    rank0 = Batcher(r, config, run=run, index=0, count=2, consumer="rank0")
+    rank1 = Batcher(r, config, run=run, index=1, count=2, consumer="rank1")
+    producer_thread()
+    for _ in range(ratio + 1):  # every episode admitted at version 0
+        rank1.ack(rank1.get_batch("train", timeout_s=20))
+    asked = time.monotonic()
+    ahead, result = get_batch_in_thread(rank1, timeout_s=30)
+    state = rank1._states["train"]
+    wait_for(lambda: result or state.looked_at >= asked, what="rank 1 to look at its envs")
+    wait_for(lambda: result or blocked_in_xreadgroup(r), what="rank 1 waiting in a read")
+    assert not result, result  # no StepExhausted: it looked, and waits for the publish
+    rank0.ack(rank0.get_batch("train", timeout_s=20))
+    publish(rank0)
+    ahead.join(35)
+    assert set(result["batch"].episode_ids.tolist()) == {ratio + 1}
+    assert set(result["batch"].group_ids.tolist()) == {1, 3}
 
 
 def test_a_sync_step_whose_group_failed_is_handed_out_without_it(r, run, producer_thread):
