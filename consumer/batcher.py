@@ -19,9 +19,7 @@ import heapq
 import logging
 import math
 import numbers
-import threading
 import time
-import weakref
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +30,7 @@ import redis as redis_lib
 
 from consumer.batch import Batch, Entry, batch_metrics
 from consumer.metrics import BatcherStats, batcher_families, batcher_record
+from consumer.periodic import Periodic
 from schemas.backoff import Backoff
 from schemas.codec import ENTRY_FIELD, decode_trajectory, pack, unpack
 from schemas.config import RolloutConfig
@@ -164,52 +163,39 @@ class ModeState:
 
 class _Heartbeat:
     """A batcher's liveness key (`{RUN}:alive:{consumer}`, PX `ttl_ms`), refreshed every third
-    of its ttl on a daemon thread from the first `get_batch` until `stop()`, or until the
-    Batcher is garbage: also while the trainer trains between calls. Another batcher claims
-    this one's pending entries only once the key has expired (the process is gone)."""
+    of its ttl (a `Periodic`) from the first `get_batch` until `stop()`, or until the Batcher
+    is garbage: also while the trainer trains between calls. Another batcher claims this
+    one's pending entries only once the key has expired (the process is gone)."""
 
     def __init__(self, batcher: Batcher, ttl_ms: int):
-        self._owner = weakref.ref(batcher)
         self._redis = batcher.redis
         self._key = batcher.keys.batcher_alive(batcher.consumer)
         self._ttl_ms = ttl_ms
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._beats = Periodic(batcher, lambda owner: owner._alive._beat(), ttl_ms / 3000,
+                               name=f"rollstream-{self._key}",
+                               what=f"refreshing {self._key}", log_level=logging.DEBUG)
+        self._started = False
 
     def start(self) -> None:
         """Write the key now (raises a Redis error) and keep it fresh; once only."""
-        if self._thread is not None:
+        if self._started:
             return
         self._beat()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"rollstream-{self._key}")
-        self._thread.start()
+        self._beats.start()
+        self._started = True
 
-    def stop(self, forget: bool) -> None:
-        """Stop refreshing; with `forget`, delete the key (best effort)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-            if forget:
-                try:
-                    self._redis.delete(self._key)
-                except redis_lib.RedisError as exc:
-                    logger.debug("could not delete %s: %s", self._key, exc)
+    def stop(self) -> None:
+        """Stop refreshing and delete the key (best effort)."""
+        self._beats.stop()
+        if self._started:
+            self._started = False
+            try:
+                self._redis.delete(self._key)
+            except redis_lib.RedisError as exc:
+                logger.debug("could not delete %s: %s", self._key, exc)
 
     def _beat(self) -> None:
         self._redis.set(self._key, b"1", px=self._ttl_ms)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._ttl_ms / 3000):
-            if self._owner() is None:
-                return  # the Batcher is gone: let the key expire
-            try:
-                self._beat()
-            except Exception as exc:  # a cluster client's RedisClusterException is none of
-                # redis-py's RedisErrors: nothing a beat meets may end the thread
-                logger.debug("could not refresh %s: %s: %s", self._key, type(exc).__name__,
-                             exc)
 
 
 class Batcher:
@@ -301,7 +287,7 @@ class Batcher:
         it (from a URL, or a cluster client for a plain client of a cluster node); a client
         passed in is the caller's to close."""
         self._closed = True
-        self._alive.stop(forget=True)
+        self._alive.stop()
         if self._owns_client:
             self.redis.close()
 

@@ -57,13 +57,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import redis as redis_lib
 
+from consumer.periodic import Periodic
 from schemas.errors import ConfigError, ServerUpdateError
 from schemas.keys import Keys
 from schemas.policy import (
@@ -125,8 +125,7 @@ class ModelServers:
         head, _, tail = adapter_name.partition("{version}")
         self._adapter = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail))
         self._loading = threading.Lock()  # an update and a heal never interleave
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self._watcher: Periodic[ModelServers] | None = None
         if watch_s is not None:
             self.watch(watch_s)
 
@@ -214,19 +213,16 @@ class ModelServers:
         if isinstance(interval_s, bool) or not isinstance(interval_s, int | float) \
                 or not interval_s > 0:
             raise ConfigError(f"ModelServers.watch: interval_s must be > 0, not {interval_s!r}")
-        if self._watcher is None or not self._watcher.is_alive():
-            self._stop.clear()
-            self._watcher = threading.Thread(
-                target=_watch, args=(weakref.ref(self), self._stop, float(interval_s)),
-                name="model-servers-watch", daemon=True)
+        if self._watcher is None or not self._watcher.running:
+            self._watcher = Periodic(self, ModelServers.heal, float(interval_s),
+                                     name="model-servers-watch", what="checking the model servers")
             self._watcher.start()
         return self
 
     def close(self) -> None:
         """Stop `watch()` (waits for a heal in progress)."""
-        self._stop.set()
         if self._watcher is not None:
-            self._watcher.join()
+            self._watcher.stop()
             self._watcher = None
 
     def __enter__(self) -> ModelServers:
@@ -386,24 +382,6 @@ class ModelServers:
             return status, json.loads(raw)
         except ValueError:
             return status, raw.decode(errors="replace")
-
-
-def _watch(ref: weakref.ref[ModelServers], stop: threading.Event, interval_s: float) -> None:
-    """The watch thread: heal every `interval_s` until stopped or the servers object is gone.
-    Nothing it meets ends it: each failure is one log line, and the next pass tries again."""
-    while not stop.wait(interval_s):
-        servers = ref()
-        if servers is None:
-            return
-        try:
-            servers.heal()
-        except redis_lib.RedisError as exc:
-            logger.warning("cannot read %s to check the model servers: %s",
-                           servers.keys.servers, exc)
-        except Exception as exc:
-            logger.warning("checking the model servers failed: %s: %s", type(exc).__name__,
-                           " ".join(str(exc).split()))
-        del servers
 
 
 def _root(base_url: str) -> str:

@@ -230,6 +230,17 @@ def request_headers(api_key: str | None) -> dict[str, str]:
     return headers
 
 
+def reported_weight_version(answer: dict[str, Any]) -> str | None:
+    """The `weight_version` a chat completion reports (SGLang's `metadata` or `meta_info`), as
+    text; None when it reports none. Only digits are a rollstream version ("default": the
+    server's launch weights)."""
+    for key in ("metadata", "meta_info"):
+        meta = answer.get(key)
+        if isinstance(meta, dict) and meta.get("weight_version") is not None:
+            return str(meta["weight_version"])
+    return None
+
+
 def error_message(answer: Any) -> str | None:
     """The error message in a server's decoded answer (vLLM's `{"error": {"message"}}`,
     SGLang's and older servers' `{"message"}`, or an error string), first 200 characters;

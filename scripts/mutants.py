@@ -349,11 +349,18 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "batcher-heartbeat", "consumer/batcher.py",
-        "            try:\n                self._beat()\n",
-        "            try:\n                pass\n",
+        "        self._beats.start()\n",
+        "        pass\n",
         "the liveness key is refreshed while the trainer trains between calls",
         ("tests/test_rollout.py::"
          "test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is",),
+    ),
+    Mutant(
+        "periodic-outlives-errors", "consumer/periodic.py",
+        "            except Exception as exc:",
+        "            except ZeroDivisionError as exc:",
+        "nothing a round raises ends a periodic thread (a heartbeat, the model servers' watch)",
+        ("tests/test_rollout.py::test_the_heartbeat_outlives_whatever_a_beat_raises",),
     ),
     Mutant(
         "batcher-sees-nothing-more-can-come", "consumer/batcher.py",

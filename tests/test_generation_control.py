@@ -611,5 +611,5 @@ def test_the_watch_outlives_what_goes_wrong_and_heals(r: redis.Redis, run: str) 
         watched.close()
     assert watched._watcher is None
     by_default = ModelServers(r, run, ["a"], method=load)  # watch_s=5.0
-    assert by_default._watcher is not None and by_default._watcher.is_alive()
+    assert by_default._watcher is not None and by_default._watcher.running
     by_default.close()

@@ -262,6 +262,11 @@ def test_a_dropped_batcher_is_freed_without_a_full_collection(r, run):
     try:
         freed = weakref.ref(Batcher(r, small_config(), run=run))() is None
         assert freed  # (not in one assert: pytest keeps what an assert evaluates)
+        beating = Batcher(r, small_config(), run=run, consumer="dropped", alive_ttl_ms=60)
+        beating._alive.start()
+        beats = beating._alive._beats
+        del beating
+        wait_for(lambda: not beats.running, what="the dropped Batcher's heartbeat to end")
     finally:
         gc.enable()
 
@@ -288,7 +293,7 @@ def test_the_heartbeat_outlives_whatever_a_beat_raises(r, run):
 
         heartbeat._redis = Unreachable()
         wait_for(lambda: len(beats) >= 5, what="beats after three that raised")
-        assert heartbeat._thread is not None and heartbeat._thread.is_alive()
+        assert heartbeat._beats.running
         assert r.exists(Keys(run).batcher_alive(batcher.consumer))
     with pytest.raises(ConfigError, match="get_batch on a closed Batcher"):
         batcher.get_batch(timeout_s=0)

@@ -16,6 +16,7 @@ import orjson
 
 from producers.policies import StepContext, Turn
 from schemas.envspec import AgentPrompt
+from schemas.policy import reported_weight_version
 
 CHAT_KEY = "chat"  # the scratch entry holding the episode's messages
 
@@ -70,7 +71,7 @@ def turn_from_answer(data: dict[str, Any]) -> Turn:
     Token ids come from vLLM's `prompt_token_ids` and `choices[0].token_ids`, logprobs from
     `choices[0].logprobs.content[j].logprob`; missing ones are None (a server that does not
     return them). The weight version is SGLang's `metadata.weight_version` (or
-    `meta_info.weight_version`) when it is an integer."""
+    `meta_info.weight_version`) when it is a number (digits; "default" is none)."""
     choice = data["choices"][0]
     message = choice.get("message") or {}
     logprobs: np.ndarray | None = None
@@ -85,9 +86,9 @@ def turn_from_answer(data: dict[str, Any]) -> Turn:
         logprobs=cast(Any, logprobs),
         finish_reason=choice.get("finish_reason"),
     )
-    version = _weight_version(data)
-    if version is not None:
-        turn.version, turn.version_source = version, "server"
+    reported = reported_weight_version(data)
+    if reported is not None and reported.isdigit():
+        turn.version, turn.version_source = int(reported), "server"
     return turn
 
 
@@ -96,17 +97,6 @@ def _int32(ids: list[int] | None) -> np.ndarray | None:
     if ids is None:
         return None
     return np.fromiter(ids, dtype=np.int32, count=len(ids))
-
-
-def _weight_version(data: dict[str, Any]) -> int | None:
-    for key in ("metadata", "meta_info"):
-        meta = data.get(key)
-        if isinstance(meta, dict) and meta.get("weight_version") is not None:
-            try:
-                return int(meta["weight_version"])
-            except (TypeError, ValueError):
-                return None  # a name such as "default": not a rollstream version
-    return None
 
 
 def turn_seed(ctx: StepContext) -> int:

@@ -42,7 +42,12 @@ import orjson
 
 from producers import metrics
 from schemas.errors import EpisodeFailed, PolicyError
-from schemas.policy import ServerRecord, error_message, request_headers
+from schemas.policy import (
+    ServerRecord,
+    error_message,
+    reported_weight_version,
+    request_headers,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -301,7 +306,7 @@ class ServerPool:
             raise EpisodeFailed(f"model server {server.base_url} answered HTTP {status} "
                                 f"without a completion ({exc})") from None
         if reports and model is None and version is not None:
-            reported = _reported_version(data)
+            reported = reported_weight_version(data)
             if reported is not None and not reported.isdigit():  # not a version we loaded
                 metrics.llm_error(server.base_url, "lost_weights")
                 raise _Transient(f"it answers with weight_version {reported!r} where version "
@@ -440,15 +445,6 @@ def _inflight(server: Server) -> int:
 
 def _retry_at(server: Server) -> float:
     return server.retry_at
-
-
-def _reported_version(data: dict[str, Any]) -> str | None:
-    """The `weight_version` an answer reports (SGLang's `metadata` or `meta_info`), as text."""
-    for key in ("metadata", "meta_info"):
-        meta = data.get(key)
-        if isinstance(meta, dict) and meta.get("weight_version") is not None:
-            return str(meta["weight_version"])
-    return None
 
 
 def _message(raw: bytes) -> str:
