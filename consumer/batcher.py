@@ -66,6 +66,7 @@ WEIGHTS_KEPT = 3  # the last weights published that stay in Redis (versions with
 MAX_WEIGHTS_BYTES = 64 * 2**20  # a Redis value is no place for a real checkpoint
 STATE_EVERY_S = 1.0  # a waiting get_batch refreshes its state record this often
 LOOK_EVERY_S = 1.0  # a waiting train get_batch looks this often whether more can come
+CLOSED = b"closed"  # a batcher's liveness key after close(): its entries are claimable
 
 # Version v is published only over v - 1; publishing v again is a no-op (a retry whose reply
 # was lost), anything else is a conflict. Weights land in the same atomic step.
@@ -165,12 +166,13 @@ class _Heartbeat:
     """A batcher's liveness key (`{RUN}:alive:{consumer}`, PX `ttl_ms`), refreshed every third
     of its ttl (a `Periodic`) from the first `get_batch` until `stop()`, or until the Batcher
     is garbage: also while the trainer trains between calls. Another batcher claims this
-    one's pending entries only once the key has expired (the process is gone)."""
+    one's pending entries only once the key has been missing for a ttl (the process is gone),
+    or at once when it says `closed`: `stop()` leaves that word for `closed_ms`."""
 
-    def __init__(self, batcher: Batcher, ttl_ms: int):
+    def __init__(self, batcher: Batcher, ttl_ms: int, closed_ms: int):
         self._redis = batcher.redis
         self._key = batcher.keys.batcher_alive(batcher.consumer)
-        self._ttl_ms = ttl_ms
+        self._ttl_ms, self._closed_ms = ttl_ms, closed_ms
         self._beats = Periodic(batcher, lambda owner: owner._alive._beat(), ttl_ms / 3000,
                                name=f"rollstream-{self._key}",
                                what=f"refreshing {self._key}", log_level=logging.DEBUG)
@@ -185,14 +187,14 @@ class _Heartbeat:
         self._started = True
 
     def stop(self) -> None:
-        """Stop refreshing and delete the key (best effort)."""
+        """Stop refreshing and mark the key `closed` (best effort)."""
         self._beats.stop()
         if self._started:
             self._started = False
             try:
-                self._redis.delete(self._key)
+                self._redis.set(self._key, CLOSED, px=self._closed_ms)
             except redis_lib.RedisError as exc:
-                logger.debug("could not delete %s: %s", self._key, exc)
+                logger.debug("could not mark %s closed: %s", self._key, exc)
 
     def _beat(self) -> None:
         self._redis.set(self._key, b"1", px=self._ttl_ms)
@@ -206,8 +208,9 @@ class Batcher:
     Sentinel-made client or a URL (a plain `Redis` of a cluster node is made a cluster
     client). Several batchers can split the groups: `index=i, count=n` takes groups with
     `g % n == i`. From its first `get_batch` a batcher keeps a liveness key fresh (a daemon
-    thread, `alive_ttl_ms`); another batcher claims its unacked entries only once that key
-    has expired and they were idle for `claim_idle_ms`. `close()` (or `with`) ends it.
+    thread, `alive_ttl_ms`); another batcher claims its unacked entries only once it has
+    seen that key missing for a whole `alive_ttl_ms` of its own (give the batchers of a run
+    the same) and they were idle for `claim_idle_ms`. `close()` (or `with`) ends it.
     """
 
     def __init__(
@@ -263,7 +266,12 @@ class Batcher:
         self._state_at = 0.0  # monotonic time the state record was last written
         self._states = {mode: self._new_state(mode) for mode in config.modes()}
         self._last_claim = 0.0
-        self._alive = _Heartbeat(self, alive_ttl_ms)
+        self.alive_ttl_ms = alive_ttl_ms
+        # a closed batcher's word outlives the time its entries need to become claimable
+        self._alive = _Heartbeat(self, alive_ttl_ms, claim_idle_ms + 3 * alive_ttl_ms)
+        # other consumers seen holding entries without a liveness key: (mode, name) -> when
+        # first seen so (monotonic); claimed from only once that has lasted a whole ttl
+        self._suspects: dict[tuple[str, str], float] = {}
         self._closed = False
         self._stream_names = {(mode, g): self.keys.stream(mode, g) for mode in config.modes()
                               for g in range(config.manager(mode).num_env_groups)}
@@ -491,7 +499,7 @@ class Batcher:
                     if not self._awaits_publish(deliverable):
                         break
                 self._read(state, block_ms=min(self.block_ms, max(1, int(remaining * 1000))))
-                if time.monotonic() - self._last_claim > self.claim_idle_ms / 1000:
+                if self._claim_due():
                     self._reclaim(state)
                 deliverable = self._deliverable(state, wanted)
             if deliverable < wanted:
@@ -677,7 +685,9 @@ class Batcher:
 
     def _dead_holders(self, state: ModeState) -> dict[str, list[str]]:
         """Other consumers with entries pending in this batcher's streams and no live
-        heartbeat: consumer -> those streams."""
+        heartbeat for a whole `alive_ttl_ms` of looking: consumer -> those streams. A key
+        missing at one look is not enough: after a Redis outage longer than the ttl a live
+        batcher's key has expired until its next beat lands (a third of the ttl)."""
         pipe = self.redis.pipeline(transaction=False)
         for stream in state.streams:
             pipe.xpending(stream, CONSUMER_GROUP)
@@ -691,9 +701,28 @@ class Batcher:
             return {}
         pipe = self.redis.pipeline(transaction=False)
         for name in holders:
-            pipe.exists(self.keys.batcher_alive(name))
-        return {name: streams for (name, streams), alive
-                in zip(holders.items(), pipe.execute(), strict=True) if not alive}
+            pipe.get(self.keys.batcher_alive(name))
+        now, grace = time.monotonic(), self.alive_ttl_ms / 1000
+        dead: dict[str, list[str]] = {}
+        for (name, streams), word in zip(holders.items(), pipe.execute(), strict=True):
+            if word == CLOSED:
+                dead[name] = streams  # closed by its owner: gone for sure
+            elif word is not None:  # alive
+                self._suspects.pop((state.mode, name), None)
+            elif now - self._suspects.setdefault((state.mode, name), now) >= grace:
+                dead[name] = streams
+        for mode, name in list(self._suspects):
+            if mode == state.mode and name not in holders:
+                del self._suspects[mode, name]  # holds nothing here any more
+        return dead
+
+    def _claim_due(self) -> bool:
+        """Time for `_reclaim`: `claim_idle_ms` since the last one, or a suspect's ttl of
+        grace (`_dead_holders`) is over."""
+        now = time.monotonic()
+        if now - self._last_claim > self.claim_idle_ms / 1000:
+            return True
+        return any(now - since >= self.alive_ttl_ms / 1000 for since in self._suspects.values())
 
     def _read(self, state: ModeState, block_ms: int | None) -> None:
         """One XREADGROUP over the mode's streams (rotated); `block_ms` None: do not block."""

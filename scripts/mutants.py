@@ -341,11 +341,29 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "batcher-claims-only-the-dead", "consumer/batcher.py",
-        "                in zip(holders.items(), pipe.execute(), strict=True) if not alive}",
-        "                in zip(holders.items(), pipe.execute(), strict=True)}",
+        "            elif word is not None:  # alive\n",
+        "            elif False:\n",
         "a batcher claims pending entries only from a batcher whose liveness key expired",
         ("tests/test_rollout.py::"
-         "test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is",),
+         "test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is",
+         "tests/test_rollout.py::"
+         "test_a_batcher_whose_key_lapsed_in_an_outage_keeps_its_batch"),
+    ),
+    Mutant(
+        "batcher-closed-is-gone", "consumer/batcher.py",
+        "            if word == CLOSED:\n",
+        "            if False:\n",
+        "a batcher that closed gives its unacked batch up at once, without a ttl of grace",
+        ("tests/test_rollout.py::"
+         "test_a_closed_batchers_pending_entries_are_claimed_at_once",),
+    ),
+    Mutant(
+        "batcher-claim-grace", "consumer/batcher.py",
+        "            elif now - self._suspects.setdefault((state.mode, name), now) >= grace:",
+        "            elif now - self._suspects.setdefault((state.mode, name), now) >= 0:",
+        "a liveness key missing at one look is not enough to claim: a whole ttl of looking",
+        ("tests/test_rollout.py::"
+         "test_a_batcher_whose_key_lapsed_in_an_outage_keeps_its_batch",),
     ),
     Mutant(
         "batcher-heartbeat", "consumer/batcher.py",

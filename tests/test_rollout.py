@@ -198,15 +198,20 @@ def test_restarted_batcher_gets_the_same_batch_again(r, run, producer_thread):
     assert again.traj_ids == first.traj_ids
 
 
-def test_a_closed_batchers_pending_entries_are_claimed(r, run, producer_thread):
+def test_a_closed_batchers_pending_entries_are_claimed_at_once(r, run, producer_thread):
+    """close() leaves its key saying `closed`: no ttl of grace (a minute here, longer than
+    the get_batch may wait) before its unacked batch is claimed."""
     config = small_config(rollout_batch_size=16)
     old = Batcher(r, config, run=run, consumer="old-trainer")
     producer_thread()
     first = old.get_batch("train", timeout_s=20)
-    old.close()  # without ack: its liveness key goes with it
-    new = Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0)
+    old.close()  # without ack
+    assert r.get(Keys(run).batcher_alive("old-trainer")) == b"closed"
+    new = Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0,
+                  alive_ttl_ms=60_000)
     again = new.get_batch("train", timeout_s=20)
     assert sorted(again.traj_ids) == sorted(first.traj_ids)
+    new.close()
 
 
 KEEPS_A_BATCH = """
@@ -246,12 +251,59 @@ def test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is(
         old.wait(10)
     wait_for(lambda: not r.exists(Keys(run).batcher_alive("old-trainer")),
              what="the killed batcher's liveness key to expire")
-    third = Batcher(r, config, run=run, consumer="third-trainer", claim_idle_ms=0)
+    third = Batcher(r, config, run=run, consumer="third-trainer", claim_idle_ms=0,
+                    alive_ttl_ms=600)
     assert sorted(third.get_batch("train", timeout_s=20).traj_ids) == sorted(first)
     assert r.exists(Keys(run).batcher_alive("new-trainer"))  # still alive: not claimed
     new.close()
-    assert not r.exists(Keys(run).batcher_alive("new-trainer"))
+    assert r.get(Keys(run).batcher_alive("new-trainer")) == b"closed"
     third.close()
+
+
+def test_a_batcher_whose_key_lapsed_in_an_outage_keeps_its_batch(
+        r, run, proxy, producer_thread):
+    """A live batcher cut off from Redis for longer than its ttl (its next beat held in a
+    proxy) has no liveness key until that beat lands, as after a Redis outage. A batcher
+    that claims at any idle time finds the key missing and still does not take the batch:
+    it waits a whole ttl of its own, and by then the beat has landed. Once the holder is
+    killed for real, the claim comes."""
+    config = small_config(async_generation_ratio=1)  # two episodes admitted per env at once
+    producer_thread()
+    alive = Keys(run).batcher_alive("old-trainer")
+    old = subprocess.Popen([sys.executable, "-c", KEEPS_A_BATCH, proxy.url, run,
+                            config.to_json()], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    suspect = ("train", "old-trainer")
+    try:
+        first = set(json.loads(old.stdout.readline()))
+        assert len(first) == 16
+        proxy.hold(alive.encode())
+        assert proxy.held.wait(10)  # its next beat waits in the proxy, unsent
+        wait_for(lambda: not r.exists(alive), what="the cut-off batcher's key to lapse")
+        new = Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0,
+                      alive_ttl_ms=3000)
+        thread, result = get_batch_in_thread(new, timeout_s=6)
+        wait_for(lambda: suspect in new._suspects, what="a look that finds no key")
+        proxy.release()
+        wait_for(lambda: r.exists(alive), what="the held beat to land")
+        landed = time.monotonic()
+        wait_for(lambda: new._last_claim > landed and suspect not in new._suspects,
+                 what="a look that finds the key again")
+        thread.join(30)
+        assert "batch" not in result or not set(result["batch"].traj_ids) & first
+        assert "batch" in result or isinstance(result["error"], BatchTimeout)
+    finally:
+        old.kill()
+        old.wait(10)
+    wait_for(lambda: not r.exists(alive), what="the killed batcher's key to expire")
+    claimed = None
+    for _ in range(20):  # fresher groups may come first; the claimed ones are the oldest
+        claimed = new.get_batch("train", timeout_s=20)
+        if set(claimed.traj_ids) == first:
+            break
+        new.ack(claimed)
+        new.publish_version()
+    assert claimed is not None and set(claimed.traj_ids) == first
+    new.close()
 
 
 def test_a_dropped_batcher_is_freed_without_a_full_collection(r, run):
@@ -469,7 +521,8 @@ def test_a_sync_batch_held_by_a_killed_batcher_goes_to_another_consumer(r, run, 
         old.kill()
         old.wait(10)
     assert r.exists(Keys(run).batcher_alive("old-trainer"))  # not expired yet
-    with Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0) as new:
+    with Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0,
+                 alive_ttl_ms=1000) as new:
         assert sorted(new.get_batch("train", timeout_s=20).traj_ids) == sorted(first)
 
 
