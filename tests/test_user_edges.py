@@ -296,6 +296,23 @@ def test_a_database_the_server_does_not_have_is_a_bad_url(r, run, redis_url):
         assert "Traceback" not in out.stderr and "retrying" not in out.stderr, out.stderr
 
 
+def test_a_database_the_server_does_not_have_behind_a_unix_socket_is_a_bad_url(run):
+    """The same through `unix://...?db=99`: its SELECT happens at the first command, which
+    the commands reported as "cannot reach Redis" with exit 1."""
+    from rollstream.embedded import EmbeddedRedis
+
+    with EmbeddedRedis() as server:
+        url = f"{server.url.split('?')[0]}?db=99"
+        with pytest.raises(ConfigError, match="names a database number the server does not"):
+            Batcher(url, small_config(), run=run)
+        for command in (["status"], ["produce", "--seconds", "5"]):
+            out = cli(*command, "--redis-url", url, "--run", run)
+            assert out.returncode == 2, out.stderr
+            assert "names a database number the server does not have" in out.stderr, out.stderr
+            assert "Traceback" not in out.stderr and "retrying" not in out.stderr, out.stderr
+        assert Batcher(f"{server.url.split('?')[0]}?db=3", small_config(), run=run)
+
+
 @pytest.mark.parametrize("args, env, message", [
     (["--run", "a}b{c"], {}, "--run 'a}b{c': a run name must be"),
     (["--run", ""], {}, "--run '': a run name must be"),  # not the default run

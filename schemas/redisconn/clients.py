@@ -84,6 +84,16 @@ def _refused_database(url: str, exc: ResponseError) -> RedisUrlError | None:
     return None
 
 
+def _select_checked(ping: Any) -> Any:
+    """A `unix://` URL's database is selected on connecting, so a number the server lacks
+    surfaces at the first command: PING now (its `ResponseError` is the caller's to name). A
+    server not reachable yet is not this check's business: the first real command says so."""
+    try:
+        return ping()
+    except (RedisConnectionError, redis.TimeoutError):
+        return None
+
+
 # -- sync ------------------------------------------------------------------------------------
 def sync_client(url: str, **options: Any) -> SyncClient:
     """redis-py's client for the deployment at `url` (checked; see the module doc)."""
@@ -93,7 +103,11 @@ def sync_client(url: str, **options: Any) -> SyncClient:
         return _sentinel_sync(url, options)
     client = redis.Redis.from_url(url, **options)
     try:
-        if is_unix_url(url) or not _is_cluster_node(client):
+        if is_unix_url(url):
+            if client.connection_pool.connection_kwargs.get("db"):
+                _select_checked(client.ping)
+            return client
+        if not _is_cluster_node(client):
             return client
     except ResponseError as exc:
         client.close()
@@ -183,9 +197,11 @@ async def async_client(url: str, **options: Any) -> AsyncClient:
     if is_sentinel_url(url):
         return _sentinel_async(url, options)
     client = redis.asyncio.Redis.from_url(url, **options)
-    if is_unix_url(url):
-        return client
     try:
+        if is_unix_url(url):
+            if client.connection_pool.connection_kwargs.get("db"):
+                await _select_checked_async(url, client)
+            return client
         cluster = await _is_cluster_node_async(client)
     except ResponseError as exc:
         await client.aclose()
@@ -208,6 +224,18 @@ async def async_client(url: str, **options: Any) -> AsyncClient:
         await made.aclose()
         raise
     return made
+
+
+async def _select_checked_async(url: str, client: redis.asyncio.Redis) -> None:
+    """The asyncio twin of `_select_checked`. redis-py's asyncio connection wraps the refused
+    SELECT in a `ConnectionError` carrying the server's words; those name a bad URL."""
+    try:
+        await client.ping()
+    except (RedisConnectionError, redis.TimeoutError) as exc:
+        refused = _refused_database(url, ResponseError(str(exc)))
+        if refused is not None:
+            await client.aclose()
+            raise refused from None
 
 
 def _closed_under_a_command(exc: AttributeError) -> bool:
