@@ -24,7 +24,13 @@ from typing import TextIO
 from consumer import Batch, Batcher
 from rollstream.embedded import EmbeddedRedis, spawn
 from schemas.config import RolloutConfig
-from schemas.errors import ConfigError, ProducersExited, RollstreamError, StepExhausted
+from schemas.errors import (
+    BatchTimeout,
+    ConfigError,
+    ProducersExited,
+    RollstreamError,
+    StepExhausted,
+)
 from schemas.redisconn import SyncClient, mask_url, sync_client
 
 logger = logging.getLogger(__name__)
@@ -239,19 +245,61 @@ def write_plot(path: str, progress: Progress, title: str) -> None:
     ], title=title, xlabel="train step")
 
 
+SKIP_AGAIN_S = 1.0  # the stand-in trainer's pause before skipping a second version in a row
+
+
+class _StepWait:
+    """The stand-in trainer's wait for one batch. A step with no group left to complete
+    (`StepExhausted`) is skipped by publishing, as after a restart between ack and publish;
+    the skipped versions count against the same `timeout_s`, so a run whose every group
+    fails (an env that always raises, a model server refusing every request) ends as a
+    timeout instead of publishing versions for ever."""
+
+    def __init__(self, version: int):
+        self.since = time.monotonic()
+        self.first_version = version
+        self.skipped = 0
+
+    def left(self, timeout_s: float) -> float:
+        return max(0.0, timeout_s - (time.monotonic() - self.since))
+
+    def exhausted(self, exc: StepExhausted, timeout_s: float) -> None:
+        """Count a skipped version; raise `BatchTimeout` once the wait is over."""
+        self.skipped += 1
+        if self.skipped > 1:  # not a restart's one missed publish: skip at a calm pace
+            time.sleep(min(SKIP_AGAIN_S, self.left(timeout_s)))
+        if self.left(timeout_s) <= 0:
+            raise self.timed_out(exc, timeout_s)
+
+    def timed_out(self, exc: BatchTimeout, timeout_s: float) -> BatchTimeout:
+        """The wait's end, saying which versions it skipped (if any) and why it ended."""
+        if not self.skipped:
+            return exc
+        return BatchTimeout(
+            f"no train batch in {timeout_s:g}s: {self.skipped} versions from "
+            f"{self.first_version} on ended with no group left to complete (every one "
+            f"failed or expired; the producers' logs say why). The last wait: {exc}")
+
+
 def trainer_loop(batcher: Batcher, opts: UpOptions, progress: Progress) -> int:
     """Run train steps until `steps` or `seconds` is reached; returns the steps done."""
     started = time.monotonic()
     step = 0
+    waiting: _StepWait | None = None  # the wait for this step's batch, across skipped versions
     while opts.steps is None or step < opts.steps:
         if opts.seconds is not None and time.monotonic() - started >= opts.seconds:
             break
+        waiting = waiting or _StepWait(batcher.version)
         try:
-            batch = batcher.get_batch("train", timeout_s=opts.timeout_s)
+            batch = batcher.get_batch("train", timeout_s=waiting.left(opts.timeout_s))
         except StepExhausted as exc:  # e.g. restarted between an ack and its publish
+            waiting.exhausted(exc, opts.timeout_s)
             logger.warning("%s: publishing version %d", exc, batcher.version + 1)
             batcher.publish_version()
             continue
+        except BatchTimeout as exc:
+            raise waiting.timed_out(exc, opts.timeout_s) from None
+        waiting = None
         if opts.train_step_s > 0:
             time.sleep(opts.train_step_s)  # stand-in for the policy update
         batcher.ack(batch)

@@ -98,6 +98,18 @@ class OpenAIPolicyConfig(BaseModel):
                              "api_key_env")
         return data
 
+    @field_validator("extra_body")
+    @classmethod
+    def _not_the_policys_own(cls, body: dict[str, Any]) -> dict[str, Any]:
+        # what the policy sets itself: overriding these would skip the start-up model check
+        # or lose the token ids and logprobs a trajectory must carry
+        for key in body:
+            if key in _OWN_BODY_FIELDS:
+                owner = _OWN_BODY_FIELDS[key]
+                raise ValueError(f"{key!r} is set by the policy itself"
+                                 + (f" (use policy.{owner})" if owner else ""))
+        return body
+
     @field_validator("base_urls")
     @classmethod
     def _http_urls(cls, urls: list[str]) -> list[str]:
@@ -107,6 +119,14 @@ class OpenAIPolicyConfig(BaseModel):
                 raise ValueError(f"{url!r} is listed twice (one server, two entries: its "
                                  "requests and weight updates would be doubled)")
         return checked
+
+
+# request body fields an openai policy writes itself -> its config field ("" for none)
+_OWN_BODY_FIELDS = {
+    "model": "model", "messages": "", "temperature": "temperature", "top_p": "top_p",
+    "top_k": "top_k", "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
+    "seed": "", "logprobs": "", "return_token_ids": "", "stream": "", "n": "",
+}
 
 
 def _check_base_url(url: str) -> str:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
 import pytest
-from helpers import ROOT, small_config
+from helpers import BROKEN_ENV_ID, ROOT, small_config
 from helpers import run_cli as cli
 
 from consumer import Batcher
@@ -88,6 +89,32 @@ def test_producer_exits_1_with_one_line_when_the_published_config_cannot_run(r, 
     assert "the published config cannot run: custom_envs.Big" in out.stderr
     assert "Traceback" not in out.stderr
     assert not list(r.scan_iter(match=Keys(run).prefix + ":lease:*"))
+
+
+def test_train_whose_every_group_fails_ends_at_its_timeout(r, run, redis_url, tmp_path,
+                                                           producer_thread):
+    """Every train env raises, so every group of every step is dropped: each step is
+    exhausted at once. `rollstream train` skips such a step by publishing (as after a restart
+    between ack and publish), but the skipped versions count against `--timeout-s`: it ends
+    with exit 1 and one line, not publishing versions for ever."""
+    # `module:id`: gymnasium imports the tests' helpers (which register the env) in `train`
+    config = small_config(custom_envs={"Broken": {"env_id": f"helpers:{BROKEN_ENV_ID}"}},
+                          train_env_manager={"tags": ["Broken"]})
+    path = tmp_path / "broken.yaml"
+    path.write_text(config.to_json())
+    Batcher(r, config, run=run)
+    producer_thread()
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "rollstream", "train", "--config", str(path), "--redis-url",
+         redis_url, "--run", run, "--steps", "2", "--timeout-s", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=90,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
+    assert out.returncode == 1, out.stderr
+    assert "no train batch in 4s" in out.stderr and "versions from 0 on" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert time.monotonic() - started < 60
+    assert int(r.get(Keys(run).version)) >= 2  # it did skip exhausted steps on the way
 
 
 def test_train_restarted_between_an_ack_and_its_publish_goes_on(r, run, redis_url, tmp_path,

@@ -266,6 +266,11 @@ def test_sigterm_while_waiting_for_model_servers_exits_0(r: redis.Redis, run: st
     ({"base_urls": ["http://u:sk-SECRET@127.0.0.1:1/v1"]}, "must not hold credentials"),
     ({"base_urls": ["http://h:1/v1", "http://h:1/v1/"]}, "'http://h:1/v1' is listed twice"),
     ({"api_key": "sk-SECRET"}, "api_key: a key in the config would be published"),
+    # the body's model would skip the start-up check that the servers serve `model`
+    ({"extra_body": {"model": "m2"}}, "policy.extra_body: 'model' is set by the "
+                                      "policy itself (use policy.model)"),
+    ({"extra_body": {"logprobs": False}}, "'logprobs' is set by the policy itself"),
+    ({"extra_body": {"stream": True}}, "'stream' is set by the policy itself"),
 ])
 def test_an_openai_policy_that_cannot_work_is_refused_without_its_secrets(policy, message):
     urls = policy.pop("base_urls", ["http://127.0.0.1:1/v1"])
