@@ -240,6 +240,26 @@ def test_sglang_updates_while_producers_run(fake_llm, producer_thread, r: redis.
     assert servers.holding() == {server.base_url: (3, None)}
 
 
+def test_a_version_ahead_of_the_run_from_a_server_it_never_loaded_is_not_the_runs(
+        fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+    """A server still holding another run's weights reports their number (here 5, while this
+    run is at 0-1): the run has no record of it and cannot have made version 5 yet, so its
+    turns are labelled with the producer's version. Before, they were labelled 5: negative
+    staleness, the trajectories' version_start ahead of the run."""
+    server = fake_llm(latency_s=0.003, weight_version="5")
+    batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
+    producer_thread()
+    batches = []
+    for _ in range(2):
+        batches.append(batcher.get_batch(timeout_s=30))
+        batcher.ack(batches[-1])
+        batcher.publish_version()
+    for step, seed in steps_of(batches):
+        assert answered(server)[seed]["weight_version"] == "5"  # what the server said
+        assert step["version_source"] == "producer" and step["version"] <= 2
+    assert min(batch.metrics["scheduler/staleness/mean"] for batch in batches) >= 0
+
+
 def test_vllm_lora_updates_while_producers_run(fake_llm, producer_thread, r: redis.Redis,
                                                run: str) -> None:
     """Async: turns name the adapter of the version their server holds and record it; the

@@ -143,6 +143,12 @@ class OpenAIPolicy:
             raise
         turn.server = answer.server.base_url
         turn.latency_s = answer.latency_s
+        if (turn.version is not None and answer.version is None
+                and turn.version > ctx.version + 1 and self._context is not None):
+            # reported by a server the run has no record of, and ahead of any version the run
+            # can have loaded (one ahead: an update lands before its publish): another run's
+            # weights or a launch flag, not one of this run's versions
+            turn.version = turn.version_source = None
         if turn.version is None:  # the server did not say: what was recorded, else ours
             if answer.version is not None:
                 turn.version, turn.version_source = answer.version, "recorded"
