@@ -253,6 +253,8 @@ def finish(proc: subprocess.Popen, seen: list[str]) -> str:
 def test_sigterm_while_waiting_for_model_servers_exits_0(r: redis.Redis, run: str,
                                                          redis_url: str) -> None:
     _, proc, seen = producer_waiting_for_servers(r, run, redis_url)
+    # and says why (a typo'd host, TLS to a plain-HTTP port and a closed port look alike)
+    assert "not answering (ClientConnectorError: Cannot connect to host 127.0.0.1:" in seen[-1]
     proc.send_signal(signal.SIGTERM)  # one signal is enough to stop, as anywhere else
     out = finish(proc, seen)
     assert "stopped while its policy was starting" in out

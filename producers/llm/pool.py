@@ -186,10 +186,12 @@ class ServerPool:
         served: list[str] = []
         lacking: list[str] = []
         wait_s, logged = COOLDOWN_S, False
+        why: dict[str, str] = {}  # base URL -> why it does not answer yet
         while pending:
             for server in list(pending):
                 found = await self._models(server)
-                if found is None:
+                if isinstance(found, str):
+                    why[server.base_url] = found
                     continue
                 pending.remove(server)
                 (served if model in found else lacking).append(server.base_url)
@@ -199,8 +201,8 @@ class ServerPool:
             if served or not pending:
                 break  # one server with the model is enough to start
             if not logged:
-                logger.warning("waiting for model servers: %s not answering",
-                               ", ".join(s.base_url for s in pending))
+                logger.warning("waiting for model servers: %s", "; ".join(
+                    f"{s.base_url} not answering ({why[s.base_url]})" for s in pending))
                 logged = True
             await asyncio.sleep(wait_s)
             wait_s = min(wait_s * 2, self.cooldown_max_s)
@@ -210,20 +212,23 @@ class ServerPool:
         if lacking:
             self.servers = [s for s in self.servers if s.base_url not in lacking]
 
-    async def _models(self, server: Server) -> set[str] | None:
-        """The model ids a server lists, or None when it does not answer."""
+    async def _models(self, server: Server) -> set[str] | str:
+        """The model ids a server lists, or why it does not answer (a name that does not
+        resolve, a refused connection, TLS to a plain-HTTP port, a timeout, a 5xx)."""
         assert self._session is not None
         try:
             async with self._session.get(server.models_url, headers=self._headers) as resp:
                 raw = await resp.read()
                 status = resp.status
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return None
+        except asyncio.TimeoutError:
+            return "no answer in time"
+        except (aiohttp.ClientError, OSError) as exc:
+            return f"{type(exc).__name__}: {exc}"[:300]
         if status in (401, 403):
             raise PolicyError(f"model server {server.base_url} refused the API key "
                               f"(HTTP {status})")
         if status >= 500 or status in TRANSIENT_4XX:
-            return None
+            return f"HTTP {status}"
         if status == 404:
             logger.warning("model server %s answered 404 for %s: is the base URL missing its "
                            "/v1?", server.base_url, server.models_url)
