@@ -297,7 +297,7 @@ class RolloutConfig(BaseModel):
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a mapping of config keys at the top level, "
                               f"got a {type(data).__name__}")
-        data, unused = roll.policy_defaults(data)
+        data, unused, filled_from = roll.policy_defaults(data)
         cleaned, unknown = _drop_unknown(data)
         unknown += unused
         if unknown and warn:
@@ -306,7 +306,7 @@ class RolloutConfig(BaseModel):
         try:
             config = cls.model_validate(cleaned)
         except ValidationError as exc:
-            raise ConfigError(f"{source}: {_describe(exc)}") from None
+            raise ConfigError(f"{source}: {_describe(exc, filled_from)}") from None
         if base_dir is not None and isinstance(config.policy, PythonPolicyConfig):
             object.__setattr__(config, "policy", config.policy.resolved(base_dir))
         val = config.val_env_manager
@@ -488,13 +488,16 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{problem}{where}"
 
 
-def _describe(exc: ValidationError) -> str:
-    """Pydantic errors as `field.path: message`, joined by '; '."""
+def _describe(exc: ValidationError, filled_from: dict[str, str] | None = None) -> str:
+    """Pydantic errors as `field.path: message`, joined by '; '. `filled_from`: policy keys
+    that came from elsewhere in the file (ROLL's keys), named as the user wrote them."""
     lines = []
     for err in exc.errors():
         parts = [str(part) for part in err["loc"]]
         if parts[:1] == ["policy"] and len(parts) > 1 and parts[1] in POLICY_TYPES:
             del parts[1]  # the union's tag, not a key of the user's file
+        if len(parts) == 2 and parts[0] == "policy" and parts[1] in (filled_from or {}):
+            parts = [f"{(filled_from or {})[parts[1]]} (policy.{parts[1]})"]
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "union_tag_invalid":
             parts.append("type")

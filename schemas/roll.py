@@ -145,22 +145,27 @@ def _first_line(exc: Exception) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def policy_defaults(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def policy_defaults(
+    data: dict[str, Any],
+) -> tuple[dict[str, Any], list[str], dict[str, str]]:
     """`data` with ROLL's model and sampling settings filling an openai policy block.
 
     With `policy: {type: openai, ...}`, `pretrain` becomes the block's `model` and
     `actor_infer.generating_args` its `max_tokens`, `temperature`, `top_p` and `top_k`; keys
-    the block sets itself win. Returns the new data (without `pretrain` and `actor_infer`)
-    and the parts of `actor_infer` left unused, for the warning. Any other policy: `data`
-    unchanged (the two keys are then unknown keys like any other)."""
+    the block sets itself win. Returns the new data (without `pretrain` and `actor_infer`),
+    the parts of `actor_infer` left unused, for the warning, and where each policy key it
+    filled came from (`max_tokens` -> `actor_infer.generating_args.max_new_tokens`), so an
+    error names what the user wrote. Any other policy: `data` unchanged (the two keys are
+    then unknown keys like any other)."""
     policy = data.get("policy")
     if not (isinstance(policy, dict) and policy.get("type") == "openai"):
-        return data, []
+        return data, [], {}
     if not any(key in data for key in POLICY_SOURCES):
-        return data, []
+        return data, [], {}
     filled: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     if data.get("pretrain") is not None:
-        filled["model"] = data["pretrain"]
+        filled["model"], sources["model"] = data["pretrain"], "pretrain"
     unused: list[str] = []
     infer = data.get("actor_infer")
     if isinstance(infer, dict):
@@ -170,6 +175,7 @@ def policy_defaults(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             for key, value in args.items():
                 if key in GENERATING_ARGS and value is not None:
                     filled[GENERATING_ARGS[key]] = value
+                    sources[GENERATING_ARGS[key]] = f"actor_infer.generating_args.{key}"
                 elif key not in GENERATING_ARGS:
                     unused.append(f"actor_infer.generating_args.{key}")
         elif args is not None:
@@ -178,4 +184,4 @@ def policy_defaults(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         unused.append("actor_infer")
     out = {key: value for key, value in data.items() if key not in POLICY_SOURCES}
     out["policy"] = {**filled, **policy}
-    return out, unused
+    return out, unused, {key: where for key, where in sources.items() if key not in policy}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from producers.envs import build_env, env_kwargs, make_env
 from rollstream.cli import main as cli_main
 from schemas.config import RolloutConfig
 from schemas.envspec import SOKOBAN_ID, EnvSpec
+from schemas.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLL_DIR = ROOT / "tests" / "data" / "roll"
@@ -181,6 +183,19 @@ def test_an_openai_block_takes_pretrain_and_generating_args(roll_copy, caplog):
     listed = unknown_keys_warning(caplog)
     assert "pretrain" not in listed and "actor_infer" not in listed
     assert {"actor_infer.model_args", "actor_infer.generating_args.num_beams"} <= set(listed)
+
+
+def test_a_bad_value_from_generating_args_is_named_as_written(roll_copy):
+    """The error names the ROLL key the user wrote, not the policy key it filled."""
+    mine = roll_copy.parent / "bad_llm.yaml"
+    mine.write_text("defaults:\n  - agentic_val_sokoban@_here_\n  - _self_\n"
+                    "actor_infer:\n  generating_args:\n    max_new_tokens: 0\n"
+                    "policy:\n  type: openai\n  base_urls: [http://127.0.0.1:8000/v1]\n",
+                    encoding="utf-8")
+    with pytest.raises(ConfigError, match=re.escape(
+            "actor_infer.generating_args.max_new_tokens (policy.max_tokens): Input should be "
+            "greater than 0")):
+        RolloutConfig.from_yaml(mine)
 
 
 # -- ROLL's env keys ------------------------------------------------------------------------
