@@ -14,6 +14,9 @@ CONSUMER_GROUP = "batcher"  # the consumer group on every trajectory stream
 MODES = ("train", "val")
 
 
+_GLOB = frozenset("*?[]\\")  # special in a Redis SCAN/KEYS pattern
+
+
 def check_run_name(run: str, where: str = "run name") -> str:
     """`run` if it can name a run's keys, else `ConfigError` naming `where` it came from (a
     brace or ':' would break the hash tag, a space the CLI's quoting)."""
@@ -116,5 +119,7 @@ class Keys:
         return f"{self.prefix}:alive:{consumer}"
 
     def pattern(self) -> str:
-        """SCAN pattern matching every key of the run."""
-        return self.prefix + ":*"
+        """SCAN pattern matching every key of the run and no other: the glob characters a run
+        name may hold (`* ? [ ] \\`) are escaped, so `reset --run 'exp*'` never matches exp1's
+        keys."""
+        return "".join("\\" + c if c in _GLOB else c for c in self.prefix) + ":*"

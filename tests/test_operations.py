@@ -60,6 +60,20 @@ def test_a_run_reused_with_another_layout_is_refused_and_reset_clears_it(r, run,
     assert fresh.returncode == 0, fresh.stderr
 
 
+def test_reset_of_a_run_named_with_glob_characters_deletes_only_that_run(r, run, redis_url):
+    """`*`, `?` and `[` may stand in a run name; reset finds the run's keys with SCAN, whose
+    pattern must not read them as wildcards (it deleted every run `exp*` matched)."""
+    starred = run[:-3] + "*"  # matches `run` as a glob
+    Batcher(r, small_config(), run=run).close()
+    Batcher(r, small_config(), run=starred).close()
+    mine = set(r.scan_iter(match=Keys(run).pattern()))
+    assert Keys(run).config.encode() in mine
+    out = cli("reset", "--yes", "--redis-url", redis_url, "--run", starred)
+    assert out.returncode == 0, out.stderr
+    assert set(r.scan_iter(match=Keys(run).pattern())) == mine  # untouched
+    assert not r.exists(Keys(starred).config)
+
+
 def test_batcher_refuses_a_conflicting_config_but_takes_policy_changes(r, run):
     Batcher(r, small_config(), run=run)
     with pytest.raises(RunConflict, match="seed 7 -> 8"):
