@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -255,6 +256,28 @@ def test_ctrl_c_while_up_is_starting_leaves_nothing(run, tmp_path):
 
 
 # -- found by a walk through every command with bad input (2026-11-25) -----------------------
+@pytest.mark.parametrize("url", [
+    "redis://127.0.0.1:1/0?password=s3cretX",
+    "unix:///tmp/none.sock?db=2&password=s3cretX",
+    "redis+sentinel://127.0.0.1:1/svc?username=u&password=s3cretX",
+    "rediss://127.0.0.1:1/0?Password=s3cretX",
+])
+def test_a_password_in_the_query_is_masked_where_the_url_is_refused(url, tmp_path):
+    """redis-py takes `?password=`; rollstream refuses it (the user part or
+    ROLLSTREAM_REDIS_PASSWORD), and neither the refusal nor `config show` may print it."""
+    assert "s3cretX" not in mask_url(url) and "=***" in mask_url(url)
+    out = cli("status", "--redis-url", url, "--run", "x")
+    assert out.returncode == 2 and "bad Redis URL" in out.stderr, out.stderr
+    assert "s3cretX" not in out.stderr, out.stderr
+    data = json.loads(small_config().to_json())
+    data["redis_url"] = url
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    shown = cli("config", "show", str(path))
+    assert shown.returncode == 0, shown.stderr
+    assert "redis_url:" in shown.stdout and "s3cretX" not in shown.stdout + shown.stderr
+
+
 def test_a_raw_slash_in_the_password_is_masked_and_refused():
     for url in ("redis://:ab/s3cretX@127.0.0.1:1/0", "redis://user:ab/s3cretX@127.0.0.1:1/0",
                 "redis+sentinel://:ab/s3cretX@127.0.0.1:1/svc"):

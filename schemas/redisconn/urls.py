@@ -46,13 +46,24 @@ def mask_url(url: str) -> str:
     if not sep:
         return url
     before_query, query_mark, query = rest.partition("?")
+    query = _mask_query(query)
     userinfo, at, tail = before_query.rpartition("@")
-    if not at:
-        return url
     user, colon, _ = userinfo.partition(":")
-    if not colon:
-        return url
-    return f"{scheme}://{user}:***@{tail}{query_mark}{query}"
+    if at and colon:
+        before_query = f"{user}:***@{tail}"
+    return f"{scheme}://{before_query}{query_mark}{query}"
+
+
+def _mask_query(query: str) -> str:
+    """A query with the value of every `...password=` option replaced by `***` (redis-py
+    takes `?password=`; rollstream refuses it, and the message must not show it)."""
+    if "password" not in query.lower():
+        return query
+    out = []
+    for option in query.split("&"):
+        name, eq, _ = option.partition("=")
+        out.append(f"{name}=***" if eq and "password" in name.lower() else option)
+    return "&".join(out)
 
 
 def scheme_of(url: str) -> str:
