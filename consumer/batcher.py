@@ -919,11 +919,11 @@ class Batcher:
         if state.mode == "train":
             record = pack([[e.stream, e.entry_id] for e in entries])
             try:
-                self._record_hand_out(
-                    keys=[self.keys.inflight(state.mode, self.consumer), self.keys.sync_handed,
-                          self.keys.pause],
-                    args=[record, 1 if self.config.is_sync else 0, self.index, self.count])
-            except REDIS_ERRORS:
+                self._write_hand_out(
+                    [self.keys.inflight(state.mode, self.consumer), self.keys.sync_handed,
+                     self.keys.pause],
+                    [record, 1 if self.config.is_sync else 0, self.index, self.count])
+            except (*REDIS_ERRORS, NotReplicated):
                 for item, _ in chosen:  # nothing handed out: the groups stay ready
                     heapq.heappush(state.ready, item)
                 raise
@@ -952,6 +952,18 @@ class Batcher:
         return batch
 
     # -- helpers -------------------------------------------------------------------------------
+    def _write_hand_out(self, keys: list[str], args: list[Any]) -> None:
+        """Record a train hand-out (`HAND_OUT_LUA`). With `min_replicas` it is a durable write:
+        its WAIT covers every write before it, the producers' XADDs of this batch among them,
+        so a batch is handed out only once replicas hold its trajectories (a producer whose
+        commit fell short resends it, and after a failover to a replica without it that resend
+        is a new entry: a batch read from the primary alone could be delivered twice)."""
+        if not self._replicas.enabled:
+            self._record_hand_out(keys=keys, args=args)
+            return
+        self._durable_write("hand-out of a train batch", lambda pipe: pipe.execute_command(
+            "EVAL", HAND_OUT_LUA, len(keys), *keys, *args))  # the same write again is a no-op
+
     def _notify(self, message: bytes) -> None:
         """Wake the producers early; they also poll, so a lost message only costs a poll."""
         try:

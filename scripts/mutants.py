@@ -577,6 +577,28 @@ MUTANTS: tuple[Mutant, ...] = (
          f"{OPS}::test_get_batch_with_no_time_to_wait_looks_once"),
     ),
     Mutant(
+        "batcher-hand-out-waits-for-replicas", "consumer/batcher.py",
+        "        if not self._replicas.enabled:\n            self._record_hand_out(",
+        "        if True:\n            self._record_hand_out(",
+        "with min_replicas a batch is handed out only once replicas hold its trajectories",
+        (f"{CONN}::test_a_batch_is_handed_out_only_once_replicas_hold_it",),
+    ),
+    Mutant(
+        "reset-escapes-globs", "schemas/keys.py",
+        '        return "".join("\\\\" + c if c in _GLOB else c for c in self.prefix) + ":*"',
+        '        return self.prefix + ":*"',
+        "reset --run 'exp*' deletes that run's keys only, not every run the glob matches",
+        (f"{OPS}::test_reset_of_a_run_named_with_glob_characters_deletes_only_that_run",),
+    ),
+    Mutant(
+        "train-skips-within-timeout", "rollstream/launcher.py",
+        "        waiting = waiting or _StepWait(batcher.version)\n",
+        "        waiting = _StepWait(batcher.version)\n",
+        "the stand-in trainer's skipped steps count against --timeout-s (a run whose every "
+        "group fails ends)",
+        ("tests/test_cli_admin.py::test_train_whose_every_group_fails_ends_at_its_timeout",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

@@ -256,6 +256,32 @@ def test_acks_and_version_publishes_wait_for_replicas(replicated):
     client.close()
 
 
+@pytest.mark.slow
+def test_a_batch_is_handed_out_only_once_replicas_hold_it(replicated):
+    """Producers' XADDs reach the primary before their WAIT; a batch read from the primary
+    alone could be lost in a failover and then committed again by the resend: delivered
+    twice. The hand-out's own write waits for replicas, and that covers the batch."""
+    keys = Keys("handout")
+    client = redis.Redis.from_url(replicated.primary_url, socket_timeout=5)
+    batcher = Batcher(client, replicated_config(), run=keys.run, write_timeout_s=1.0)
+    producer = None
+    with Stopped(replicated.data[1]) as replica:
+        producer = ProducerThread(Producer(replicated.primary_url, keys.run,
+                                           handle_signals=False, poll_interval_s=0.05)).start()
+        wait_for(lambda: stream_total(client, keys, 4) == 16,
+                 what="every group complete on the primary")
+        assert producer.producer.committed == 0  # held: no replica has them
+        with pytest.raises(NotReplicated, match="hand-out of a train batch not acknowledged"):
+            batcher.get_batch("train", timeout_s=10)
+        replica.resume()
+        batch = batcher.get_batch("train", timeout_s=30)  # the same groups, now replicated
+    assert sorted(batch.traj_ids) == sorted(f"train-{g}-0-{m}" for g in range(4)
+                                            for m in range(4))
+    batcher.ack(batch)
+    assert producer.stop() == 0
+    client.close()
+
+
 def test_a_connection_closed_under_a_command_is_a_connection_error():
     # redis-py's asyncio connection, disconnected by another task while a command is on its
     # way (its cluster client disconnects a node's connections when the slot map changes)
