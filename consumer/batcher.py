@@ -923,7 +923,7 @@ class Batcher:
                     [self.keys.inflight(state.mode, self.consumer), self.keys.sync_handed,
                      self.keys.pause],
                     [record, 1 if self.config.is_sync else 0, self.index, self.count])
-            except (*REDIS_ERRORS, NotReplicated):
+            except (REDIS_ERRORS + (NotReplicated,)):
                 for item, _ in chosen:  # nothing handed out: the groups stay ready
                     heapq.heappush(state.ready, item)
                 raise
