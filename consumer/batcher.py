@@ -74,7 +74,9 @@ PUBLISH_LUA = """
 -- KEYS: version, weights of v, weights kept (list); ARGV: v, has weights, weights, kept
 -- The weights of the versions that fall off the list are deleted: their names are built
 -- from KEYS[2]'s, so they carry the run's hash tag and live in the same slot.
-local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local raw = redis.call('GET', KEYS[1])
+if not raw then return {-2, 0} end  -- the run's keys are gone: the caller restores them
+local cur = tonumber(raw)
 local v = tonumber(ARGV[1])
 if cur == v then return {0, cur} end
 if cur ~= v - 1 then return {-1, cur} end
@@ -554,12 +556,19 @@ class Batcher:
         script_keys = [keys.version, keys.weights(version), keys.weights_kept]
         args = [version, 1 if weights is not None else 0, weights if weights is not None else b"",
                 WEIGHTS_KEPT]
-        (reply,) = self._durable_write(
-            f"publish of version {version}",
-            lambda pipe: pipe.execute_command("EVAL", PUBLISH_LUA, len(script_keys),
-                                              *script_keys, *args))
-        code, current = reply
-        if int(code) < 0:
+
+        def publish() -> tuple[int, int]:
+            (reply,) = self._durable_write(
+                f"publish of version {version}",
+                lambda pipe: pipe.execute_command("EVAL", PUBLISH_LUA, len(script_keys),
+                                                  *script_keys, *args))
+            return int(reply[0]), int(reply[1])
+
+        code, current = publish()
+        if code == -2:  # no version key: Redis lost the run (restarted without persistence)
+            self._sync_version()  # puts back config, version and groups, as get_batch does
+            code, current = publish()
+        if code < 0:
             raise VersionConflict(
                 f"publish_version({version}): the run {keys.run!r} is at version {int(current)}; "
                 f"only {int(current) + 1} can follow it (another trainer publishing?)")

@@ -599,6 +599,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_cli_admin.py::test_train_whose_every_group_fails_ends_at_its_timeout",),
     ),
     Mutant(
+        "publish-restores-lost-run", "consumer/batcher.py",
+        "        if code == -2:  # no version key",
+        "        if False:  # no version key",
+        "a publish after Redis lost the run's keys puts them back (not VersionConflict)",
+        ("tests/test_redis_crash.py::"
+         "test_redis_losing_all_data_heals_without_doubles[before publish]",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

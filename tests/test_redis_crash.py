@@ -67,9 +67,12 @@ def test_redis_sigkill_mid_step_loses_and_doubles_nothing():
         server.stop()
 
 
-def test_redis_losing_all_data_heals_without_doubles():
+@pytest.mark.parametrize("when", ["before get_batch", "before ack", "before publish"])
+def test_redis_losing_all_data_heals_without_doubles(when):
     # no persistence: the restarted server is empty; the trainer puts back config, version and
-    # groups, producers reclaim their shards, and nothing is delivered twice
+    # groups, producers reclaim their shards, and nothing is delivered twice. Lost while the
+    # trainer trains (before its ack or its publish), the publish puts them back: it raised
+    # VersionConflict ("at version 0"), blaming another trainer
     server = EmbeddedRedis(appendonly=False)
     url = server.start()
     client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
@@ -82,18 +85,25 @@ def test_redis_losing_all_data_heals_without_doubles():
                                            poll_interval_s=0.05)).start()
         delivered: list[str] = []
         versions: list[int] = []
+        def lose_everything() -> None:
+            server.kill()
+            server.start()  # same folder, but nothing was saved
+            # gone: only the trainer writes these (producers reconnect and write
+            # heartbeats and leases at once, so the database itself need not stay empty)
+            assert client.exists("{amnesia}:config", "{amnesia}:version") == 0
+
         for step in range(5):
-            if step == 2:
-                server.kill()
-                server.start()  # same folder, but nothing was saved
-                # gone: only the trainer writes these (producers reconnect and write
-                # heartbeats and leases at once, so the database itself need not stay empty)
-                assert client.exists("{amnesia}:config", "{amnesia}:version") == 0
+            if step == 2 and when == "before get_batch":
+                lose_everything()
             batch = batcher.get_batch("train", timeout_s=60)
             delivered += batch.traj_ids
             versions.append(batch.version)
             assert batch.metrics["scheduler/staleness/max"] <= 1
+            if step == 2 and when == "before ack":
+                lose_everything()
             batcher.ack(batch)
+            if step == 2 and when == "before publish":
+                lose_everything()
             publish(batcher)
         assert versions == [0, 1, 2, 3, 4]
         assert len(delivered) == len(set(delivered)) == 5 * 16
