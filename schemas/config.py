@@ -191,6 +191,9 @@ class RolloutConfig(BaseModel):
     @field_validator("custom_envs", mode="before")
     @classmethod
     def _merge_default_envs(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"must be a mapping of tag -> env settings, got "
+                             f"{type(value).__name__}")
         merged: dict[str, Any] = dict(DEFAULT_CUSTOM_ENVS)
         merged.update(value or {})
         return merged
@@ -325,6 +328,9 @@ class RolloutConfig(BaseModel):
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}: "
+                              f"{exc.object[exc.start:exc.start + 1]!r})") from None
         try:
             data = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader
         except yaml.YAMLError as exc:

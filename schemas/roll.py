@@ -92,6 +92,9 @@ def compose(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: {_omegaconf_problem(exc)}") from None
     except HydraException as exc:
         raise ConfigError(f"{path}: {_hydra_problem(exc, config_dir)}") from None
+    except ValueError as exc:  # Hydra's word on a defaults list of the wrong shape
+        problem = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{path}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
     return {str(k): v for k, v in data.items()}

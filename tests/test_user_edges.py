@@ -151,10 +151,14 @@ def test_no_redis_server_anywhere_says_what_to_install():
     ("- just\n- a list\n", "expected a mapping of config keys at the top level, got a list"),
     ("seed: 1\ntrain_env_manager:\n  group_size: 4\n  group_size: 8\n",
      "not valid YAML: key 'group_size' given twice (first at line 3) at line 4"),
+    # these three were tracebacks (exit 1)
+    ("custom_envs: [1, 2]\n", "custom_envs: must be a mapping of tag -> env settings, got list"),
+    (b"\xff\xfe", "not a UTF-8 text file (byte 0: b'\\xff')"),
+    ("defaults: [5]\nseed: 1\n", "Unsupported type in defaults"),
 ])
 def test_bad_files_get_one_line(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     out = cli("config", "check", str(path))
     assert out.returncode == 2
     assert message in out.stderr and out.stderr.count("\n") == 1, out.stderr
