@@ -500,7 +500,8 @@ class Batcher:
                     deliverable = self._ready_count(state)
                     if not self._awaits_publish(deliverable):
                         break
-                self._read(state, block_ms=min(self.block_ms, max(1, int(remaining * 1000))))
+                # (min before int: timeout_s may be float("inf"), wait as long as it takes)
+                self._read(state, block_ms=max(1, int(min(self.block_ms, remaining * 1000))))
                 if self._claim_due():
                     self._reclaim(state)
                 deliverable = self._deliverable(state, wanted)

@@ -321,6 +321,23 @@ def test_get_batch_with_no_time_to_wait_looks_once(r, run):
         batcher.get_batch(timeout_s=30)
 
 
+def test_get_batch_can_wait_without_a_bound(r, run):
+    """`timeout_s=float("inf")`: it waits (in finite blocks) until the batch is there; the
+    block's length came from int(inf) and raised OverflowError."""
+    batcher = Batcher(r, small_config(), run=run)
+    keys = Keys(run)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(batcher.get_batch(
+        timeout_s=float("inf"))))
+    waiter.start()
+    wait_for(lambda: blocked_in_xreadgroup(r) or not waiter.is_alive(),
+             what="get_batch blocked in XREADGROUP")
+    for g in range(4):
+        add_group(r, keys, "train", g, 0, group_size=4)
+    waiter.join(30)
+    assert len(got) == 1 and len(got[0]) == 16
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"n": "4"}, "get_batch n='4' must be a positive multiple"),
     ({"n": 4.0}, "get_batch n=4.0 must be a positive multiple"),
