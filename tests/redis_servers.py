@@ -93,6 +93,7 @@ class Node:
     args: list[str]
     starter: ThreadPoolExecutor
     process: subprocess.Popen | None = None
+    password: str | None = None  # requirepass, for its clients here
 
     @property
     def name(self) -> str:
@@ -110,6 +111,8 @@ class Node:
             spawn, cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).result()
 
     def client(self, **options: object) -> redis.Redis:
+        if self.password is not None:
+            options.setdefault("password", self.password)
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5,
                            socket_connect_timeout=1, **options)  # type: ignore[arg-type]
 
@@ -354,8 +357,10 @@ class LocalSentinel:
     watching it as `service`; quorum is a majority of the sentinels."""
 
     def __init__(self, replicas: int = 1, sentinels: int = 3, service: str = "mymaster",
-                 down_after_ms: int = 1000, binary: str | None = None):
+                 down_after_ms: int = 1000, binary: str | None = None,
+                 sentinel_password: str | None = None):
         self.replicas = replicas
+        self.sentinel_password = sentinel_password  # the sentinels' own (requirepass)
         self.sentinel_count = sentinels
         self.service = service
         self.down_after_ms = down_after_ms
@@ -404,8 +409,12 @@ class LocalSentinel:
             f"sentinel monitor {self.service} 127.0.0.1 {primary.port} {quorum}\n"
             f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
             f"sentinel failover-timeout {self.service} 10000\n"
-            f"sentinel parallel-syncs {self.service} 1\n")
+            f"sentinel parallel-syncs {self.service} 1\n"
+            + (f"requirepass {self.sentinel_password}\n"
+               f"sentinel sentinel-pass {self.sentinel_password}\n"
+               if self.sentinel_password else ""))
         node = self._servers.add(["--sentinel"], port=port, folder=folder)
+        node.password = self.sentinel_password
         node.wait_ready()
         return node
 

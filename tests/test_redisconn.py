@@ -16,6 +16,7 @@ import redis
 from helpers import (
     ONE_STEP_ENV_ID,
     ProducerThread,
+    clean_env,
     record_acknowledged,
     run_cli,
     small_config,
@@ -280,6 +281,24 @@ def test_a_batch_is_handed_out_only_once_replicas_hold_it(replicated):
     batcher.ack(batch)
     assert producer.stop() == 0
     client.close()
+
+
+@pytest.mark.slow
+def test_sentinels_that_want_a_password_say_so(tmp_path):
+    """redis-py folds each sentinel's NOAUTH into "No master found": the commands said the
+    server cannot be reached (exit 1), as if the sentinels were down."""
+    if redis_server_7() is None:
+        pytest.skip("no redis-server 7.0+ on PATH to run sentinels")
+    with LocalSentinel(replicas=0, sentinels=1, sentinel_password="sentPW") as setup:
+        env = {**clean_env(), "ROLLSTREAM_SENTINEL_PASSWORD": "wrong"}
+        for extra in ({}, env):
+            out = run_cli("status", "--redis-url", setup.url, "--run", "x", env=extra or None)
+            assert out.returncode == 1, out.stderr
+            assert "refused the credentials" in out.stderr, out.stderr
+            assert "ROLLSTREAM_SENTINEL_PASSWORD" in out.stderr and "wrong" not in out.stderr
+        right = {**clean_env(), "ROLLSTREAM_SENTINEL_PASSWORD": "sentPW"}
+        out = run_cli("status", "--redis-url", setup.url, "--run", "x", env=right)
+        assert "refused the credentials" not in out.stderr, out.stderr  # the run is missing
 
 
 def test_a_connection_closed_under_a_command_is_a_connection_error():

@@ -310,6 +310,10 @@ def is_auth_error(exc: BaseException) -> bool:
     """Whether `exc` says the credentials are wrong or missing: not transient, never retried."""
     if isinstance(exc, AuthenticationError):
         return True
+    if isinstance(exc, redis.sentinel.MasterNotFoundError):
+        # redis-py asks every sentinel and folds what each raised into this one error: a
+        # sentinel that wants a password answers no master at all
+        return "AuthenticationError" in str(exc)
     return isinstance(exc, ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS"))
 
 
@@ -321,5 +325,8 @@ def error_text(exc: BaseException) -> str:
 
 def auth_message(url: str) -> str:
     """One line for an authentication failure, with the URL masked."""
-    return (f"Redis at {mask_url(url)} refused the credentials: check the password in the URL "
-            f"or {PASSWORD_ENV}")
+    message = (f"Redis at {mask_url(url)} refused the credentials: check the password in the "
+               f"URL or {PASSWORD_ENV}")
+    if is_sentinel_url(url):
+        message += f" (and for sentinels with a password of their own, {SENTINEL_PASSWORD_ENV})"
+    return message
