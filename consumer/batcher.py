@@ -20,6 +20,7 @@ import logging
 import math
 import numbers
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -174,7 +175,11 @@ class _Heartbeat:
     def __init__(self, batcher: Batcher, ttl_ms: int, closed_ms: int):
         self._redis = batcher.redis
         self._key = batcher.keys.batcher_alive(batcher.consumer)
+        self._consumer = batcher.consumer
         self._ttl_ms, self._closed_ms = ttl_ms, closed_ms
+        # what this batcher writes: another live batcher of the same name writes its own
+        self._token = uuid.uuid4().hex.encode()
+        self._namesake_warned = False
         self._beats = Periodic(batcher, lambda owner: owner._alive._beat(), ttl_ms / 3000,
                                name=f"rollstream-{self._key}",
                                what=f"refreshing {self._key}", log_level=logging.DEBUG)
@@ -199,7 +204,15 @@ class _Heartbeat:
                 logger.debug("could not mark %s closed: %s", self._key, exc)
 
     def _beat(self) -> None:
-        self._redis.set(self._key, b"1", px=self._ttl_ms)
+        before = self._redis.set(self._key, self._token, px=self._ttl_ms, get=True)
+        if before not in (None, CLOSED, self._token) and not self._namesake_warned:
+            self._namesake_warned = True
+            logger.warning(
+                "another live batcher is named %r on this run (its liveness key %s was fresh): "
+                "two batchers of one name share their pending entries and split the groups, "
+                "so neither may fill a batch; give each its own index and count (or consumer). "
+                "If it was this trainer before a restart, its key expires within %d ms",
+                self._consumer, self._key, self._ttl_ms)
 
 
 class Batcher:

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import inspect
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -322,6 +323,27 @@ def test_a_batcher_whose_key_lapsed_in_an_outage_keeps_its_batch(
         new.publish_version()
     assert claimed is not None and set(claimed.traj_ids) == first
     new.close()
+
+
+def test_a_second_live_batcher_of_the_same_name_is_named_in_a_warning(r, run, caplog):
+    """Two trainers started with the default consumer name split each other's groups and
+    both time out; each batcher's beat now sees the other's mark in the liveness key and
+    says so. A batcher of that name after a clean close() is no such second one."""
+    first = Batcher(r, small_config(), run=run)
+    again = Batcher(r, small_config(), run=run)  # the same name: batcher-0
+    with caplog.at_level(logging.WARNING, logger="consumer.batcher"):
+        for batcher in (first, again):
+            with pytest.raises(BatchTimeout):
+                batcher.get_batch(timeout_s=0)  # its first call starts its beat
+        said = [rec.getMessage() for rec in caplog.records]
+        assert any("another live batcher is named 'batcher-0'" in m for m in said), said
+        first.close()
+        again.close()
+        caplog.clear()
+        with Batcher(r, small_config(), run=run) as restarted:
+            with pytest.raises(BatchTimeout):
+                restarted.get_batch(timeout_s=0)
+        assert not any("another live batcher" in rec.getMessage() for rec in caplog.records)
 
 
 def test_a_dropped_batcher_is_freed_without_a_full_collection(r, run):
