@@ -313,7 +313,11 @@ def test_a_database_the_server_does_not_have_is_a_bad_url(r, run, redis_url):
     where = r.connection_pool.connection_kwargs
     if "path" in where:
         pytest.skip("the test server listens on a unix socket")
-    url = f"redis://{where['host']}:{where['port']}/99"
+    refused_everywhere(f"redis://{where['host']}:{where['port']}/99", run)
+
+
+def refused_everywhere(url: str, run: str) -> None:
+    """`url` names a database the server lacks: the Batcher, status and produce say so."""
     with pytest.raises(ConfigError, match="names a database number the server does not have"):
         Batcher(url, small_config(), run=run)
     for command in (["status"], ["produce", "--seconds", "5"]):
@@ -329,14 +333,7 @@ def test_a_database_the_server_does_not_have_behind_a_unix_socket_is_a_bad_url(r
     from rollstream.embedded import EmbeddedRedis
 
     with EmbeddedRedis() as server:
-        url = f"{server.url.split('?')[0]}?db=99"
-        with pytest.raises(ConfigError, match="names a database number the server does not"):
-            Batcher(url, small_config(), run=run)
-        for command in (["status"], ["produce", "--seconds", "5"]):
-            out = cli(*command, "--redis-url", url, "--run", run)
-            assert out.returncode == 2, out.stderr
-            assert "names a database number the server does not have" in out.stderr, out.stderr
-            assert "Traceback" not in out.stderr and "retrying" not in out.stderr, out.stderr
+        refused_everywhere(f"{server.url.split('?')[0]}?db=99", run)
         assert Batcher(f"{server.url.split('?')[0]}?db=3", small_config(), run=run)
 
 
