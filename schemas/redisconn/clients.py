@@ -84,14 +84,20 @@ def _refused_database(url: str, exc: ResponseError) -> RedisUrlError | None:
     return None
 
 
-def _select_checked(ping: Any) -> Any:
+def _select_checked(url: str, client: redis.Redis) -> None:
     """A `unix://` URL's database is selected on connecting, so a number the server lacks
-    surfaces at the first command: PING now (its `ResponseError` is the caller's to name). A
+    surfaces at the first command: PING now, and name a refused SELECT as a bad URL. A
     server not reachable yet is not this check's business: the first real command says so."""
     try:
-        return ping()
+        client.ping()
     except (RedisConnectionError, redis.TimeoutError):
-        return None
+        return
+    except ResponseError as exc:
+        refused = _refused_database(url, exc)
+        if refused is None:
+            raise
+        client.close()
+        raise refused from None
 
 
 # -- sync ------------------------------------------------------------------------------------
@@ -105,7 +111,7 @@ def sync_client(url: str, **options: Any) -> SyncClient:
     try:
         if is_unix_url(url):
             if client.connection_pool.connection_kwargs.get("db"):
-                _select_checked(client.ping)
+                _select_checked(url, client)
             return client
         if not _is_cluster_node(client):
             return client
