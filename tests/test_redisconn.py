@@ -296,6 +296,10 @@ def test_sentinels_that_want_a_password_say_so(tmp_path):
             assert out.returncode == 1, out.stderr
             assert "refused the credentials" in out.stderr, out.stderr
             assert "ROLLSTREAM_SENTINEL_PASSWORD" in out.stderr and "wrong" not in out.stderr
+        # a producer's asyncio client too (its MasterNotFoundError is another class)
+        out = run_cli("produce", "--redis-url", setup.url, "--run", "x", "--seconds", "20")
+        assert out.returncode == 1 and "refused the credentials" in out.stderr, out.stderr
+        assert "retrying" not in out.stderr, out.stderr
         right = {**clean_env(), "ROLLSTREAM_SENTINEL_PASSWORD": "sentPW"}
         out = run_cli("status", "--redis-url", setup.url, "--run", "x", env=right)
         assert "refused the credentials" not in out.stderr, out.stderr  # the run is missing

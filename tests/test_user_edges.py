@@ -265,6 +265,7 @@ def test_ctrl_c_while_up_is_starting_leaves_nothing(run, tmp_path):
     "unix:///tmp/none.sock?db=2&password=s3cretX",
     "redis+sentinel://127.0.0.1:1/svc?username=u&password=s3cretX",
     "rediss://127.0.0.1:1/0?Password=s3cretX",
+    "redis://127.0.0.1:1/0?pass%77ord=s3cretX",  # parse_qs decodes the name; so must the mask
 ])
 def test_a_password_in_the_query_is_masked_where_the_url_is_refused(url, tmp_path):
     """redis-py takes `?password=`; rollstream refuses it (the user part or

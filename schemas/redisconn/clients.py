@@ -312,11 +312,15 @@ def _sentinel_async(url: str, options: dict[str, Any]) -> redis.asyncio.Redis:
 
 
 # -- errors ----------------------------------------------------------------------------------
+# redis-py's "no master" errors, of its sync and its asyncio Sentinel (two classes)
+_NO_MASTER = (redis.sentinel.MasterNotFoundError, redis.asyncio.sentinel.MasterNotFoundError)
+
+
 def is_auth_error(exc: BaseException) -> bool:
     """Whether `exc` says the credentials are wrong or missing: not transient, never retried."""
     if isinstance(exc, AuthenticationError):
         return True
-    if isinstance(exc, redis.sentinel.MasterNotFoundError):
+    if isinstance(exc, _NO_MASTER):
         # redis-py asks every sentinel and folds what each raised into this one error: a
         # sentinel that wants a password answers no master at all
         return "AuthenticationError" in str(exc)

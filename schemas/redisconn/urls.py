@@ -57,12 +57,12 @@ def mask_url(url: str) -> str:
 def _mask_query(query: str) -> str:
     """A query with the value of every `...password=` option replaced by `***` (redis-py
     takes `?password=`; rollstream refuses it, and the message must not show it)."""
-    if "password" not in query.lower():
+    if "password" not in unquote(query).lower():
         return query
     out = []
     for option in query.split("&"):
         name, eq, _ = option.partition("=")
-        out.append(f"{name}=***" if eq and "password" in name.lower() else option)
+        out.append(f"{name}=***" if eq and "password" in unquote(name).lower() else option)
     return "&".join(out)
 
 
