@@ -39,6 +39,20 @@ def test_compose_file_declares_the_deployment():
         assert "ROLLSTREAM_REDIS_URL" in svc[name]["environment"]
 
 
+def test_the_image_installs_what_the_services_use():
+    """The services serve metrics (ROLLSTREAM_METRICS_PORT): the image needs the `metrics`
+    extra, or every producer and the trainer exit 1 at start and restart in a loop."""
+    line = next(line for line in (ROOT / "compose" / "Dockerfile").read_text().splitlines()
+                if "pip install" in line)
+    extras = set(line.split('".[', 1)[1].split("]", 1)[0].split(","))
+    svc = services()
+    for name in ("producer", "trainer"):
+        env = {**svc.get("x-common-env", {}), **svc[name].get("environment", {})}
+        if env.get("ROLLSTREAM_METRICS_PORT"):
+            assert "metrics" in extras, (name, line)
+    assert "llm" in extras  # the openai policy
+
+
 @pytest.mark.skipif(shutil.which("docker-compose") is None, reason="docker-compose not installed")
 def test_compose_config_validates():
     env = {**os.environ, "REDIS_PASSWORD": "x"}
