@@ -240,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             client = sync_client(url, socket_timeout=30, socket_connect_timeout=5)
             stack.callback(client.close)
             batcher = Batcher(client, config, run=args.run)
+            stack.callback(batcher.close)
             # (a given URL is not printed: it can hold a password)
             where = "producers elsewhere" if args.redis_url else f"embedded Redis at {url}"
             print(f"grpo_frozenlake: run {args.run!r}, {mode}, {where}, "

@@ -413,6 +413,7 @@ def train_session(client: SyncClient, opts: UpOptions, header: str, out: TextIO)
         return EXIT_INTERRUPTED
     finally:
         progress.close()
+        batcher.close()  # its liveness key says closed: a trainer started next is no namesake
         if metrics is not None:
             metrics.close()
         if opts.plot and progress.train:

@@ -43,6 +43,7 @@ def test_a_run_reused_with_another_layout_is_refused_and_reset_clears_it(r, run,
     again = cli("up", "--config", "configs/frozenlake_async.yaml", "--steps", "1",
                 "--producers", "1", *url)
     assert again.returncode == 0, again.stderr  # the same config resumes the run
+    assert "another live batcher" not in again.stderr  # the first one closed its batcher
     assert int(r.get(Keys(run).version)) == 2
     switched = cli("up", "--config", "configs/frozenlake_sync.yaml", "--steps", "1", *url)
     assert switched.returncode == 2
