@@ -520,7 +520,7 @@ class Batcher:
                 deliverable = self._deliverable(state, wanted)
             if deliverable < wanted:
                 self._hand_out_short(state, wanted, deliverable)
-            return self._hand_out(state, deliverable, time.monotonic() - started)
+            return self._hand_out(state, deliverable, time.monotonic() - started, deadline)
 
     def ack(self, batch: Batch) -> None:
         """The trainer is done with `batch`: its entries are acked and deleted (retried through
@@ -926,7 +926,8 @@ class Batcher:
     def _ready_count(self, state: ModeState) -> int:
         return state.ready_count
 
-    def _hand_out(self, state: ModeState, wanted: int, wait_s: float) -> Batch:
+    def _hand_out(self, state: ModeState, wanted: int, wait_s: float,
+                  deadline: float | None = None) -> Batch:
         chosen: list[tuple[tuple[int, int, int, GroupKey], GroupSlot]] = []
         while len(chosen) < wanted:
             item = heapq.heappop(state.ready)
@@ -945,10 +946,13 @@ class Batcher:
                 self._write_hand_out(
                     [self.keys.inflight(state.mode, self.consumer), self.keys.sync_handed,
                      self.keys.pause],
-                    [record, 1 if self.config.is_sync else 0, self.index, self.count])
-            except (REDIS_ERRORS + (NotReplicated,)):
+                    [record, 1 if self.config.is_sync else 0, self.index, self.count],
+                    deadline)
+            except (REDIS_ERRORS + (NotReplicated,)) as exc:
                 for item, _ in chosen:  # nothing handed out: the groups stay ready
                     heapq.heappush(state.ready, item)
+                if isinstance(exc, NotReplicated):
+                    raise self._unreplicated_hand_out(exc) from None
                 raise
             if self.config.is_sync:
                 self._notify(b"pause")
@@ -975,7 +979,20 @@ class Batcher:
         return batch
 
     # -- helpers -------------------------------------------------------------------------------
-    def _write_hand_out(self, keys: list[str], args: list[Any]) -> None:
+    def _unreplicated_hand_out(self, exc: NotReplicated) -> BatchTimeout:
+        """A batch that was ready but not on replicas in time: get_batch timed out waiting for
+        them. The write that recorded it stands on the primary alone: its sync pause is lifted
+        (best effort; the next get_batch lifts it anyway), as nothing was handed out."""
+        try:
+            self._resume_sync()
+        except REDIS_ERRORS as error:
+            logger.debug("could not lift the sync pause: %s", error)
+        return BatchTimeout(f"get_batch(mode='train'): a batch is ready, but {exc} "
+                            f"(min_replicas {self._replicas.replicas}: a batch is handed out "
+                            "only once replicas hold it)")
+
+    def _write_hand_out(self, keys: list[str], args: list[Any],
+                        deadline: float | None = None) -> None:
         """Record a train hand-out (`HAND_OUT_LUA`). With `min_replicas` it is a durable write:
         its WAIT covers every write before it, the producers' XADDs of this batch among them,
         so a batch is handed out only once replicas hold its trajectories (a producer whose
@@ -985,7 +1002,8 @@ class Batcher:
             self._record_hand_out(keys=keys, args=args)
             return
         self._durable_write("hand-out of a train batch", lambda pipe: pipe.execute_command(
-            "EVAL", HAND_OUT_LUA, len(keys), *keys, *args))  # the same write again is a no-op
+            "EVAL", HAND_OUT_LUA, len(keys), *keys, *args),  # the same write again is a no-op
+            deadline=deadline)
 
     def _notify(self, message: bytes) -> None:
         """Wake the producers early; they also poll, so a lost message only costs a poll."""
@@ -994,13 +1012,15 @@ class Batcher:
         except REDIS_ERRORS as exc:
             logger.warning("could not notify producers (%s); they notice on their next poll", exc)
 
-    def _durable_write(self, what: str, queue: Any) -> list[Any]:
+    def _durable_write(self, what: str, queue: Any, deadline: float | None = None) -> list[Any]:
         """Send the commands `queue(pipe)` puts in a pipeline and return their replies; with
         `min_replicas`, a WAIT follows them on the same connection. Connection errors, a
         failover and a WAIT that falls short are retried with backoff (every caller's
-        commands are safe to repeat) for up to `write_timeout_s`, then raised
+        commands are safe to repeat) for up to `write_timeout_s` (or until `deadline`, a
+        get_batch's own), then raised
         (`NotReplicated` for missing replicas)."""
-        deadline = time.monotonic() + self.write_timeout_s
+        if deadline is None:
+            deadline = time.monotonic() + self.write_timeout_s
         backoff = Backoff(name=f"batcher {self.consumer}")
         while True:
             pipe = self.redis.pipeline(transaction=False)

@@ -27,7 +27,7 @@ from redis_servers import LocalSentinel, Node, redis_server_7
 
 from consumer import Batcher
 from producers.producer import Producer
-from schemas.errors import NotReplicated
+from schemas.errors import BatchTimeout, NotReplicated
 from schemas.keys import Keys
 from schemas.redisconn import (
     RedisUrlError,
@@ -264,7 +264,7 @@ def test_a_batch_is_handed_out_only_once_replicas_hold_it(replicated):
     twice. The hand-out's own write waits for replicas, and that covers the batch."""
     keys = Keys("handout")
     client = redis.Redis.from_url(replicated.primary_url, socket_timeout=5)
-    batcher = Batcher(client, replicated_config(), run=keys.run, write_timeout_s=1.0)
+    batcher = Batcher(client, replicated_config(), run=keys.run)  # write_timeout_s 60
     producer = None
     with Stopped(replicated.data[1]) as replica:
         producer = ProducerThread(Producer(replicated.primary_url, keys.run,
@@ -272,8 +272,12 @@ def test_a_batch_is_handed_out_only_once_replicas_hold_it(replicated):
         wait_for(lambda: stream_total(client, keys, 4) == 16,
                  what="every group complete on the primary")
         assert producer.producer.committed == 0  # held: no replica has them
-        with pytest.raises(NotReplicated, match="hand-out of a train batch not acknowledged"):
-            batcher.get_batch("train", timeout_s=10)
+        started = time.monotonic()
+        with pytest.raises(BatchTimeout, match="a batch is ready, but hand-out of a train "
+                                               "batch not acknowledged: on 0 of 1"):
+            batcher.get_batch("train", timeout_s=2)
+        assert time.monotonic() - started < 10  # its own timeout, not write_timeout_s
+        assert not client.sismember(keys.pause, "sync")  # nothing handed out: not paused
         replica.resume()
         batch = batcher.get_batch("train", timeout_s=30)  # the same groups, now replicated
     assert sorted(batch.traj_ids) == sorted(f"train-{g}-0-{m}" for g in range(4)
