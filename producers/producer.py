@@ -54,6 +54,7 @@ from schemas.redisconn import (
     ReplicaWait,
     async_client,
     auth_message,
+    bad_database,
     is_auth_error,
     mask_url,
     publish,
@@ -241,11 +242,20 @@ class Producer:
                 return await async_client(self.redis_url, socket_timeout=10,
                                           socket_connect_timeout=5, health_check_interval=15)
             except REDIS_ERRORS as exc:
-                if is_auth_error(exc):
-                    raise RedisSetupError(auth_message(self.redis_url)) from None
+                self._refuse_setup(exc)
                 await backoff.sleep(f"cannot read the config at {mask_url(self.redis_url)}: "
                                     f"{exc}")
         return None
+
+    def _refuse_setup(self, exc: BaseException) -> None:
+        """Errors at start that no retry mends: wrong credentials (`RedisSetupError`), a
+        database the server lacks (`RedisUrlError`: a unix:// URL's SELECT is refused only
+        once the server is up, which may be after the producer started)."""
+        if is_auth_error(exc):
+            raise RedisSetupError(auth_message(self.redis_url)) from None
+        refused = bad_database(self.redis_url, exc)
+        if refused is not None:
+            raise refused from None
 
     async def _wait_config(self, redis: AsyncClient) -> RolloutConfig | None:
         """The run's config once a trainer has published it; None when stopped first (or
@@ -259,8 +269,7 @@ class Producer:
                 raw = await redis.get(self.keys.config)
                 backoff.reset()
             except REDIS_ERRORS as exc:
-                if is_auth_error(exc):
-                    raise RedisSetupError(auth_message(self.redis_url)) from None
+                self._refuse_setup(exc)
                 await backoff.sleep(f"cannot read the config at {where}: {exc}")
                 continue
             if raw is not None:

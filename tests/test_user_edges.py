@@ -338,6 +338,36 @@ def test_a_database_the_server_does_not_have_behind_a_unix_socket_is_a_bad_url(r
         assert Batcher(f"{server.url.split('?')[0]}?db=3", small_config(), run=run)
 
 
+@pytest.mark.slow
+def test_a_producer_started_before_its_unix_socket_server_still_names_a_bad_database(
+        run, tmp_path):
+    """Nothing listens yet, so the database cannot be checked when the client is made; once
+    the server is up its SELECT is refused at the first command, which the producer retried
+    for ever as a connection error."""
+    from rollstream.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis()
+    server.dir = str(tmp_path)  # where its socket will be
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollstream", "produce", "--redis-url",
+         f"unix://{tmp_path}/redis.sock?db=99", "--run", run, "--seconds", "60"],
+        cwd=ROOT, env=clean_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # it cannot connect: no socket yet
+        assert "retrying" in first, first
+        server.start()
+        rest = proc.communicate(timeout=40)[1]
+        assert proc.returncode == 2, first + rest
+        assert "names a database number the server does not have" in rest, rest
+        assert "Traceback" not in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        server.stop()
+
+
 @pytest.mark.parametrize("args, env, message", [
     (["--run", "a}b{c"], {}, "--run 'a}b{c': a run name must be"),
     (["--run", ""], {}, "--run '': a run name must be"),  # not the default run

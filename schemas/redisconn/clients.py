@@ -84,6 +84,15 @@ def _refused_database(url: str, exc: ResponseError) -> RedisUrlError | None:
     return None
 
 
+def bad_database(url: str, exc: BaseException) -> RedisUrlError | None:
+    """`exc` says the server has no such database as the URL names (or is a cluster node,
+    database 0 only): a bad URL, not worth retrying. redis-py's asyncio client reports a
+    refused SELECT as a `ConnectionError` carrying the server's words."""
+    if isinstance(exc, ResponseError | RedisConnectionError):
+        return _refused_database(url, ResponseError(str(exc)))
+    return None
+
+
 def _select_checked(url: str, client: redis.Redis) -> None:
     """A `unix://` URL's database is selected on connecting, so a number the server lacks
     surfaces at the first command: PING now, and name a refused SELECT as a bad URL. A
@@ -238,7 +247,7 @@ async def _select_checked_async(url: str, client: redis.asyncio.Redis) -> None:
     try:
         await client.ping()
     except (RedisConnectionError, redis.TimeoutError) as exc:
-        refused = _refused_database(url, ResponseError(str(exc)))
+        refused = bad_database(url, exc)
         if refused is not None:
             await client.aclose()
             raise refused from None
