@@ -3,7 +3,8 @@
 A lease is a string key holding the producer id with a PX ttl. Every heartbeat a producer
 renews its leases (only where the key still names it), records itself in the run's producer
 set, and learns how many producers are live. Its fair share is `ceil(shards / live)` (or
-`max_shards`): below it, it claims free shards with SET NX; above it, it hands shards back.
+`max_shards`), raised where capped producers (`--max-shards`) leave shards to the others:
+below it, it claims free shards with SET NX; above it, it hands shards back.
 """
 
 from __future__ import annotations
@@ -17,24 +18,43 @@ from schemas.redisconn import AsyncClient
 ShardId = tuple[str, int]  # (mode, shard index)
 
 HEARTBEAT_LUA = """
--- KEYS: producers zset, then the leases this producer holds
--- ARGV: producer id, ttl ms
+-- KEYS: producers zset, producer caps hash, then the leases this producer holds
+-- ARGV: producer id, ttl ms, its max_shards (0: none)
+-- Entries are dropped only after ten ttls: producers of one run may read different ttls
+-- (a config changed under running producers), and one with a short ttl must not delete the
+-- heartbeat of one with a long ttl that beats less often. Live is counted by own ttl.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - 10 * ttl)
+for i = 1, #gone do
+  redis.call('ZREM', KEYS[1], gone[i])
+  redis.call('HDEL', KEYS[2], gone[i])
+end
+if tonumber(ARGV[3]) > 0 then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+else
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
 redis.call('PEXPIRE', KEYS[1], ttl * 10)
+redis.call('PEXPIRE', KEYS[2], ttl * 10)
 local held = {}
-for i = 2, #KEYS do
+for i = 3, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     redis.call('PEXPIRE', KEYS[i], ttl)
-    held[i - 1] = 1
+    held[i - 2] = 1
   else
-    held[i - 1] = 0
+    held[i - 2] = 0
   end
 end
-return {redis.call('ZCARD', KEYS[1]), held}
+-- the live producers' caps ('' for none), this one's included
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], now - ttl, '+inf')
+local caps = {}
+for i = 1, #live do
+  caps[i] = redis.call('HGET', KEYS[2], live[i]) or ''
+end
+return {#live, held, caps}
 """
 
 RELEASE_LUA = """
@@ -57,7 +77,8 @@ return {redis.call('HMGET', KEYS[1], unpack(ARGV)), redis.call('GET', KEYS[2]) o
 """
 
 LEAVE_LUA = """
--- KEYS: producers zset; ARGV: producer id
+-- KEYS: producers zset, producer caps hash; ARGV: producer id
+redis.call('HDEL', KEYS[2], ARGV[1])
 return redis.call('ZREM', KEYS[1], ARGV[1])
 """
 
@@ -85,16 +106,19 @@ return now
 class Heartbeat:
     live: int  # producers with a fresh heartbeat, this one included
     lost: list[ShardId]  # leases that no longer name this producer
+    caps: list[int | None]  # each live producer's max_shards (None: none), this one's too
 
 
 class Leases:
     """The lease operations of one producer."""
 
-    def __init__(self, redis: AsyncClient, keys: Keys, producer_id: str, ttl_s: float):
+    def __init__(self, redis: AsyncClient, keys: Keys, producer_id: str, ttl_s: float,
+                 max_shards: int | None = None):
         self._redis = redis
         self._keys = keys
         self.producer_id = producer_id
         self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.max_shards = max_shards
         self._heartbeat = redis.register_script(HEARTBEAT_LUA)
         self._release = redis.register_script(RELEASE_LUA)
         self._leave = redis.register_script(LEAVE_LUA)
@@ -106,10 +130,12 @@ class Leases:
         return self._keys.lease(*shard)
 
     async def heartbeat(self, held: list[ShardId]) -> Heartbeat:
-        keys = [self._keys.producers] + [self.key(s) for s in held]
-        live, flags = await self._heartbeat(keys=keys, args=[self.producer_id, self.ttl_ms])
+        keys = [self._keys.producers, self._keys.producer_caps] + [self.key(s) for s in held]
+        live, flags, caps = await self._heartbeat(
+            keys=keys, args=[self.producer_id, self.ttl_ms, self.max_shards or 0])
         lost = [shard for shard, flag in zip(held, flags, strict=True) if not int(flag)]
-        return Heartbeat(live=max(1, int(live)), lost=lost)
+        return Heartbeat(live=max(1, int(live)), lost=lost,
+                         caps=[int(cap) if cap else None for cap in caps] or [self.max_shards])
 
     async def try_claim(self, shard: ShardId) -> bool:
         return bool(
@@ -129,7 +155,8 @@ class Leases:
         return [int(c or 0) for c in cursors], int(val_round)
 
     async def leave(self) -> None:
-        await self._leave(keys=[self._keys.producers], args=[self.producer_id])
+        await self._leave(keys=[self._keys.producers, self._keys.producer_caps],
+                          args=[self.producer_id])
 
     async def report(self, record: bytes, keep_s: float) -> None:
         """Write this producer's stats record (see `schemas/stats.py`)."""
@@ -144,9 +171,16 @@ class Leases:
         await pipe.execute()
 
 
-def fair_share(total_shards: int, live: int, max_shards: int | None) -> int:
-    share = math.ceil(total_shards / max(1, live))
-    return share if max_shards is None else min(share, max_shards)
+def fair_share(total_shards: int, caps: list[int | None], max_shards: int | None) -> int:
+    """This producer's share of `total_shards` among the live producers whose caps
+    (`--max-shards`, None: none) are `caps`, this one's included: the least level L with
+    every producer holding min(its cap, L) covering every shard (or L at everyone's cap), so
+    what a capped producer cannot take falls to the others instead of to nobody."""
+    level = math.ceil(total_shards / max(1, len(caps)))
+    while level < total_shards and any(cap is None or cap > level for cap in caps) and \
+            sum(level if cap is None else min(cap, level) for cap in caps) < total_shards:
+        level += 1
+    return level if max_shards is None else min(level, max_shards)
 
 
 def claim_order(shards: list[ShardId], producer_id: str) -> list[ShardId]:

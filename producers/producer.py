@@ -310,7 +310,8 @@ class Producer:
         self.watcher = watcher
         self.committer = Committer(redis, self.keys, self.producer_id, replicas=ReplicaWait(
             redis, self.keys, config.min_replicas, config.replica_timeout_ms))
-        self.leases = Leases(redis, self.keys, self.producer_id, config.lease_ttl_s)
+        self.leases = Leases(redis, self.keys, self.producer_id, config.lease_ttl_s,
+                             max_shards=self.max_shards)
         self.redis = redis
         self.owner = OwnerWatch(self.keys, f"producer {self.producer_id}")
         self.weights: WeightsFollower | None = None
@@ -497,7 +498,7 @@ class Producer:
         for shard in beat.lost:
             logger.warning("lease of shard %s lost; stopping its envs", shard)
             self._drop_shard(shard, cancel=True)
-        target = fair_share(len(self.all_shards()), beat.live, self.max_shards)
+        target = fair_share(len(self.all_shards()), beat.caps, self.max_shards)
         active = [s for s, run in self.shards.items() if not run.draining]
         if len(active) > target:
             for shard in active[target:]:

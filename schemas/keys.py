@@ -73,6 +73,10 @@ class Keys:
         return f"{self.prefix}:stop"
 
     @property
+    def producer_caps(self) -> str:  # hash: producer id -> its --max-shards (capped ones only)
+        return f"{self.prefix}:producer_caps"
+
+    @property
     def producer_stats(self) -> str:  # hash: producer id -> its stats record (msgpack)
         return f"{self.prefix}:producer_stats"
 

@@ -34,11 +34,14 @@ from helpers import (
 import producers.commit
 import producers.producer
 from consumer import Batcher
+from producers.leases import Leases, fair_share
 from producers.policies import StepContext
 from producers.policies.random import RandomPolicy
 from schemas.codec import ENTRY_FIELD, decode_trajectory, encode_trajectory
 from schemas.errors import BatchTimeout, ConfigError, StepExhausted
 from schemas.keys import Keys
+from schemas.liveness import live_producers
+from schemas.redisconn import async_client
 from schemas.seeding import episode_seed
 
 
@@ -619,6 +622,54 @@ def test_max_shards_caps_what_a_producer_holds(r, run, producer_thread):
     wait_for(lambda: len(held()) == 2, what="two leases")
     time.sleep(1.0)  # more heartbeats: still two
     assert len(held()) == 2
+
+
+def test_what_a_capped_producer_leaves_falls_to_the_others(r, run, producer_thread):
+    """5 shards, one producer capped at 1 and one without a cap: the share was ceil(5 / 2) = 3
+    for the uncapped one, so a shard stayed with no producer for good (a val round hung)."""
+    config = small_config(rollout_batch_size=4,
+                          train_env_manager={"max_env_num_per_worker": 4})  # 4 + 1 shards
+    keys = Keys(run)
+    Batcher(r, config, run=run)
+    capped = producer_thread(max_shards=1)
+    wait_for(lambda: len(list(r.scan_iter(match=keys.prefix + ":lease:*"))) == 1,
+             what="the capped producer's lease")
+    free = producer_thread()
+
+    def holders() -> Counter:
+        return Counter(r.get(k) for k in r.scan_iter(match=keys.prefix + ":lease:*"))
+
+    wait_for(lambda: sum(holders().values()) == 5, what="every shard leased")
+    time.sleep(1.0)  # more heartbeats: nothing handed back
+    assert holders() == {capped.producer.producer_id.encode(): 1,
+                         free.producer.producer_id.encode(): 4}
+
+
+def test_fair_share_leaves_no_shard_to_nobody():
+    assert fair_share(64, [None, None], None) == 32  # ceil(shards / live)
+    assert fair_share(5, [None, None, None], None) == 2
+    assert fair_share(5, [1, None], None) == 4  # the capped one's shortfall
+    assert fair_share(5, [1, None], 1) == 1
+    assert fair_share(10, [2, 2, None, None], None) == 3
+    assert fair_share(10, [1, 1], 1) == 1  # everyone at the cap: shards stay free
+    assert fair_share(3, [None] * 8, None) == 1
+
+
+def test_a_short_ttl_heartbeat_keeps_a_long_ttl_producer(r, run, redis_url):
+    """Producers left on an old config may run another lease ttl: one with 0.2 s pruned the
+    heartbeat of one with 2 s that beats every 0.67 s, which then showed as gone and made
+    the live count (and every fair share) flicker."""
+    async def beats() -> None:
+        client = await async_client(redis_url)
+        slow = Leases(client, Keys(run), "slow", ttl_s=2.0)
+        fast = Leases(client, Keys(run), "fast", ttl_s=0.2)
+        await slow.heartbeat([])
+        await asyncio.sleep(0.5)
+        await fast.heartbeat([])
+        await client.aclose()
+
+    asyncio.run(beats())
+    assert set(live_producers(r, Keys(run), ttl_s=2.0)) == {"slow", "fast"}
 
 
 def test_a_claim_longer_than_the_lease_ttl_loses_no_lease(r, run, producer_thread, caplog):
