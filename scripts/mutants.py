@@ -607,6 +607,20 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_redis_losing_all_data_heals_without_doubles[before publish]",),
     ),
     Mutant(
+        "fair-share-covers-capped", "producers/leases.py",
+        "    while level < total_shards and any(",
+        "    while False and level < total_shards and any(",
+        "what a --max-shards producer cannot take raises the others' share: no shard unleased",
+        ("tests/test_rollout.py::test_what_a_capped_producer_leaves_falls_to_the_others",),
+    ),
+    Mutant(
+        "heartbeat-keeps-long-ttl", "producers/leases.py",
+        "local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - 10 * ttl)",
+        "local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - ttl)",
+        "a producer on a short lease ttl does not delete the heartbeat of one on a long ttl",
+        ("tests/test_rollout.py::test_a_short_ttl_heartbeat_keeps_a_long_ttl_producer",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'
