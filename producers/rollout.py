@@ -20,7 +20,7 @@ import numpy as np
 from producers.control import ControlState
 from producers.policies import Policy, StepContext, Turn
 from schemas.codec import SCHEMA_VERSION, traj_ids
-from schemas.errors import TurnAborted
+from schemas.errors import PolicyError, TurnAborted
 from schemas.seeding import episode_seed
 
 logger = logging.getLogger(__name__)
@@ -266,12 +266,12 @@ async def _act(policy: Policy, observation: Any, ctx: StepContext, inflight: InF
     or the server aborted the turn."""
     try:
         if inflight is None or must_stop is None:
-            return await policy.act(observation, ctx)
+            return _checked(policy, await policy.act(observation, ctx))
         task = asyncio.current_task()
         assert task is not None
         inflight.calls[task] = must_stop
         try:
-            return await policy.act(observation, ctx)
+            return _checked(policy, await policy.act(observation, ctx))
         except asyncio.CancelledError:
             if inflight.take_back(task):
                 return None
@@ -283,6 +283,16 @@ async def _act(policy: Policy, observation: Any, ctx: StepContext, inflight: InF
                      "again", ctx.turn, ctx.episode_id, ctx.group_id, ctx.member, exc)
         await asyncio.sleep(ABORT_RETRY_S)
         return None
+
+
+def _checked(policy: Policy, chosen: Any) -> tuple[Any, Any]:
+    """`act`'s answer if it is the `(action, response)` pair; else `PolicyError` naming what
+    came back (a forgotten `return` gave None, which read as "cut short, ask again": the
+    producer spun on it for ever)."""
+    if isinstance(chosen, tuple | list) and len(chosen) == 2:
+        return chosen[0], chosen[1]
+    raise PolicyError(f"{type(policy).__name__}.act returned {chosen!r:.80}: it must return "
+                      "(action, response), response None when there is no model text")
 
 
 def _identity(slot: EnvSlot, k: int, env_seed: int, producer_id: str) -> dict[str, Any]:

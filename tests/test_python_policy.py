@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from helpers import clean_env, run_cli, small_config
 from consumer import Batcher
 from producers.policies import make_policy
 from schemas.config import RolloutConfig
-from schemas.errors import PolicyError
+from schemas.errors import BatchTimeout, PolicyError
 from schemas.policy import PythonPolicyConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,3 +147,26 @@ def test_config_check_warns_when_the_entrypoint_does_not_import_here(tmp_path):
             assert out.stderr.startswith("warning: policy.entrypoint '"), out.stderr
             assert warned in out.stderr and "producers that cannot import it exit 1" \
                 in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("bare, said", [
+    (False, "ForgetfulPolicy.act returned None: it must return (action, response)"),
+    (True, "ForgetfulPolicy.act returned 1: it must return (action, response)"),
+])
+def test_an_act_that_returns_no_pair_is_named_and_stops_nothing(r, run, monkeypatch, caplog,
+                                                                producer_thread, bare, said):
+    """A forgotten `return` gave None, which the episode loop read as "cut short, ask again":
+    the producer spun at 100% CPU and no stop reached it. A bare action was blamed on the
+    env. Both are named now; the groups fail with that reason and the producer stops."""
+    monkeypatch.syspath_prepend(str(DATA))
+    config = small_config(policy={"type": "python", "entrypoint": "toy_policies:make_forgetful",
+                                  "bare": bare})
+    batcher = Batcher(r, config, run=run)
+    caplog.set_level("WARNING")
+    thread = producer_thread()
+    with pytest.raises(BatchTimeout):  # every group of the step failed
+        batcher.get_batch(timeout_s=3)
+    assert any(said in rec.getMessage() for rec in caplog.records), caplog.text
+    started = time.monotonic()
+    assert thread.stop() == 0
+    assert time.monotonic() - started < 10

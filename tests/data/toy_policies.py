@@ -66,3 +66,18 @@ def make_actless() -> object:
 
 
 NOT_A_FACTORY = 3
+
+
+class ForgetfulPolicy:
+    """`act` without its `return` (None), or with the action alone (`bare`)."""
+
+    def __init__(self, bare: bool = False):
+        self.bare = bare
+
+    async def act(self, observation: Any, ctx: Any) -> Any:
+        if self.bare:
+            return 1
+
+
+def make_forgetful(bare: bool = False) -> ForgetfulPolicy:
+    return ForgetfulPolicy(bare)
