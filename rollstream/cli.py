@@ -430,7 +430,10 @@ def _up_trainer(args: argparse.Namespace) -> int:
     except ValueError as exc:  # an unbalanced quote
         raise UsageError(f"--trainer {args.trainer!r}: {exc}") from None
     if not script or not os.path.isfile(script[0]):
-        raise UsageError(f"--trainer: no script file {script[0] if script else ''!r}")
+        named = script[0] if script else ""
+        hint = ("; give the script itself, SCRIPT [ARGS]: it runs with this Python"
+                if os.path.basename(named).startswith("python") else "")
+        raise UsageError(f"--trainer: no script file {named!r}{hint}")
     stand_in = [flag for flag, value, default in (
         ("--steps", args.steps, None), ("--seconds", args.seconds, None),
         ("--train-step-s", args.train_step_s, 0.0), ("--val-every", args.val_every, 0),

@@ -119,7 +119,8 @@ def child_env(url: str, run: str, pythonpath: Sequence[str] = ()) -> dict[str, s
     return env
 
 
-def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 15.0) -> list[int]:
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 15.0,
+                   what: str = "producer") -> list[int]:
     """SIGTERM each, wait, then SIGKILL what is left. Returns the exit codes."""
     for proc in procs:
         if proc.poll() is None:
@@ -129,7 +130,7 @@ def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 15.0) -> li
         try:
             proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            logger.warning("producer pid %d ignored SIGTERM; killing it", proc.pid)
+            logger.warning("%s pid %d ignored SIGTERM; killing it", what, proc.pid)
             proc.kill()
             proc.wait()
     return [proc.returncode for proc in procs]
@@ -535,7 +536,7 @@ def _up_trainer(script: Sequence[str], redis_url: str | None, run: str, producer
             return _wait_trainer(trainer, procs)
         finally:
             if trainer is not None:
-                stop_processes([trainer])
+                stop_processes([trainer], what="trainer")
             stop_processes(procs)
 
 
@@ -544,7 +545,7 @@ def _wait_trainer(trainer: subprocess.Popen, procs: Sequence[subprocess.Popen]) 
     so only we get the terminal's signal) and it gets `TRAINER_STOP_S` to clean up. Once
     every producer has exited the run cannot go on: the trainer is stopped the same way
     and `ProducersExited` raised."""
-    gone = False
+    gone = interrupted = False
     try:
         while trainer.poll() is None:
             # all exited cleanly is a stop (the script's own `stop_run`, or an operator's):
@@ -557,14 +558,17 @@ def _wait_trainer(trainer: subprocess.Popen, procs: Sequence[subprocess.Popen]) 
             except subprocess.TimeoutExpired:
                 pass
     except KeyboardInterrupt:
+        interrupted = True
         _stop_trainer(trainer, "Ctrl+C")
     if gone:
         _stop_trainer(trainer, "every producer exited")
         raise producers_gone(procs)
     code = trainer.poll()
     if code is None:
-        stop_processes([trainer])
+        stop_processes([trainer], what="trainer")
         code = trainer.returncode
+    if interrupted:
+        return EXIT_INTERRUPTED  # however the trainer took it (a SIGKILL after ignoring all)
     return 128 - code if code < 0 else code
 
 

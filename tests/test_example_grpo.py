@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -159,3 +160,29 @@ def test_plots_without_matplotlib_say_how_to_install_it(tmp_path, monkeypatch):
     with pytest.raises(RollstreamError, match=r"pip install 'rollstream\[plot\]'"):
         plot_series(tmp_path / "x.png", {"a": ([0, 1], [0.0, 1.0])})
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_trainer_that_ignores_every_signal_is_still_130(monkeypatch, caplog):
+    """The trainer ignores SIGINT and SIGTERM, so `up` ends it with SIGKILL: `up` said 137
+    (the trainer's death) where Ctrl+C promises 130, and called the trainer a producer."""
+    from rollstream import launcher
+
+    monkeypatch.setattr(launcher, "TRAINER_STOP_S", 0.5)
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time\n"
+         "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+         "print('ready', flush=True)\ntime.sleep(120)\n"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"
+        ctrl_c = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        ctrl_c.start()
+        with caplog.at_level("WARNING", logger="rollstream.launcher"):
+            assert launcher._wait_trainer(stubborn, []) == 130
+        assert f"trainer pid {stubborn.pid} ignored SIGTERM; killing it" in caplog.text
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()
+        stubborn.wait()

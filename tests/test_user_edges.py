@@ -391,6 +391,8 @@ def test_a_bad_run_name_in_a_config_fails_its_check(tmp_path):
 @pytest.mark.parametrize("trainer, message", [
     ('"unbalanced', "--trainer '\"unbalanced': No closing quotation"),
     ("", "--trainer: no script file ''"),  # not silently the stand-in trainer
+    ("python my_trainer.py", "no script file 'python'; give the script itself, SCRIPT "
+                             "[ARGS]: it runs with this Python"),
 ])
 def test_a_bad_trainer_command_is_one_line_and_exit_2(trainer, message):
     out = cli("up", "--config", "configs/frozenlake_sync.yaml", "--trainer", trainer)
