@@ -54,7 +54,7 @@ local caps = {}
 for i = 1, #live do
   caps[i] = redis.call('HGET', KEYS[2], live[i]) or ''
 end
-return {#live, held, caps}
+return {held, caps}
 """
 
 RELEASE_LUA = """
@@ -104,9 +104,13 @@ return now
 
 @dataclass
 class Heartbeat:
-    live: int  # producers with a fresh heartbeat, this one included
     lost: list[ShardId]  # leases that no longer name this producer
     caps: list[int | None]  # each live producer's max_shards (None: none), this one's too
+
+    @property
+    def live(self) -> int:
+        """Producers with a fresh heartbeat, this one included."""
+        return max(1, len(self.caps))
 
 
 class Leases:
@@ -131,10 +135,10 @@ class Leases:
 
     async def heartbeat(self, held: list[ShardId]) -> Heartbeat:
         keys = [self._keys.producers, self._keys.producer_caps] + [self.key(s) for s in held]
-        live, flags, caps = await self._heartbeat(
+        flags, caps = await self._heartbeat(
             keys=keys, args=[self.producer_id, self.ttl_ms, self.max_shards or 0])
         lost = [shard for shard, flag in zip(held, flags, strict=True) if not int(flag)]
-        return Heartbeat(live=max(1, int(live)), lost=lost,
+        return Heartbeat(lost=lost,
                          caps=[int(cap) if cap else None for cap in caps] or [self.max_shards])
 
     async def try_claim(self, shard: ShardId) -> bool:

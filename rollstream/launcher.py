@@ -256,28 +256,29 @@ class _StepWait:
     fails (an env that always raises, a model server refusing every request) ends as a
     timeout instead of publishing versions for ever."""
 
-    def __init__(self, version: int):
+    def __init__(self, version: int, timeout_s: float):
         self.since = time.monotonic()
+        self.timeout_s = timeout_s
         self.first_version = version
         self.skipped = 0
 
-    def left(self, timeout_s: float) -> float:
-        return max(0.0, timeout_s - (time.monotonic() - self.since))
+    def left(self) -> float:
+        return max(0.0, self.timeout_s - (time.monotonic() - self.since))
 
-    def exhausted(self, exc: StepExhausted, timeout_s: float) -> None:
+    def exhausted(self, exc: StepExhausted) -> None:
         """Count a skipped version; raise `BatchTimeout` once the wait is over."""
         self.skipped += 1
         if self.skipped > 1:  # not a restart's one missed publish: skip at a calm pace
-            time.sleep(min(SKIP_AGAIN_S, self.left(timeout_s)))
-        if self.left(timeout_s) <= 0:
-            raise self.timed_out(exc, timeout_s)
+            time.sleep(min(SKIP_AGAIN_S, self.left()))
+        if self.left() <= 0:
+            raise self.timed_out(exc)
 
-    def timed_out(self, exc: BatchTimeout, timeout_s: float) -> BatchTimeout:
+    def timed_out(self, exc: BatchTimeout) -> BatchTimeout:
         """The wait's end, saying which versions it skipped (if any) and why it ended."""
         if not self.skipped:
             return exc
         return BatchTimeout(
-            f"no train batch in {timeout_s:g}s: {self.skipped} versions from "
+            f"no train batch in {self.timeout_s:g}s: {self.skipped} versions from "
             f"{self.first_version} on ended with no group left to complete (every one "
             f"failed or expired; the producers' logs say why). The last wait: {exc}")
 
@@ -290,16 +291,16 @@ def trainer_loop(batcher: Batcher, opts: UpOptions, progress: Progress) -> int:
     while opts.steps is None or step < opts.steps:
         if opts.seconds is not None and time.monotonic() - started >= opts.seconds:
             break
-        waiting = waiting or _StepWait(batcher.version)
+        waiting = waiting or _StepWait(batcher.version, opts.timeout_s)
         try:
-            batch = batcher.get_batch("train", timeout_s=waiting.left(opts.timeout_s))
+            batch = batcher.get_batch("train", timeout_s=waiting.left())
         except StepExhausted as exc:  # e.g. restarted between an ack and its publish
-            waiting.exhausted(exc, opts.timeout_s)
+            waiting.exhausted(exc)
             logger.warning("%s: publishing version %d", exc, batcher.version + 1)
             batcher.publish_version()
             continue
         except BatchTimeout as exc:
-            raise waiting.timed_out(exc, opts.timeout_s) from None
+            raise waiting.timed_out(exc) from None
         waiting = None
         if opts.train_step_s > 0:
             time.sleep(opts.train_step_s)  # stand-in for the policy update

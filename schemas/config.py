@@ -497,13 +497,14 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 def _describe(exc: ValidationError, filled_from: dict[str, str] | None = None) -> str:
     """Pydantic errors as `field.path: message`, joined by '; '. `filled_from`: policy keys
     that came from elsewhere in the file (ROLL's keys), named as the user wrote them."""
+    filled = filled_from or {}
     lines = []
     for err in exc.errors():
         parts = [str(part) for part in err["loc"]]
         if parts[:1] == ["policy"] and len(parts) > 1 and parts[1] in POLICY_TYPES:
             del parts[1]  # the union's tag, not a key of the user's file
-        if len(parts) == 2 and parts[0] == "policy" and parts[1] in (filled_from or {}):
-            parts = [f"{(filled_from or {})[parts[1]]} (policy.{parts[1]})"]
+        if len(parts) == 2 and parts[0] == "policy" and parts[1] in filled:
+            parts = [f"{filled[parts[1]]} (policy.{parts[1]})"]
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "union_tag_invalid":
             parts.append("type")

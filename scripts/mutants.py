@@ -592,8 +592,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "train-skips-within-timeout", "rollstream/launcher.py",
-        "        waiting = waiting or _StepWait(batcher.version)\n",
-        "        waiting = _StepWait(batcher.version)\n",
+        "        waiting = waiting or _StepWait(batcher.version, opts.timeout_s)\n",
+        "        waiting = _StepWait(batcher.version, opts.timeout_s)\n",
         "the stand-in trainer's skipped steps count against --timeout-s (a run whose every "
         "group fails ends)",
         ("tests/test_cli_admin.py::test_train_whose_every_group_fails_ends_at_its_timeout",),

@@ -102,7 +102,7 @@ def _select_checked(url: str, client: redis.Redis) -> None:
     except (RedisConnectionError, redis.TimeoutError):
         return
     except ResponseError as exc:
-        refused = _refused_database(url, exc)
+        refused = bad_database(url, exc)
         if refused is None:
             raise
         client.close()
