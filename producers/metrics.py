@@ -115,6 +115,9 @@ class ProducerStats:
         self.env_errors: dict[tuple[str, str], int] = defaultdict(int)
         self.resumed: dict[str, int] = defaultdict(int)  # envs started at an earlier cursor
         self.in_flight: dict[str, int] = defaultdict(int)  # mode -> envs in an episode
+        self.loop_stalls = 0  # times the event loop was blocked (see producers/stall.py)
+        self.loop_stalled_s = 0.0
+        self._recent_stalls: tuple[int, float, str] = (0, 0.0, "")  # count, longest, where
         self.held: Callable[[], Held] = Held
         self._last_at = time.monotonic()
         self._last_cpu = process_usage()[1]
@@ -154,6 +157,13 @@ class ProducerStats:
         if retried:
             self.replayed[(mode, tag)] += 1
 
+    def loop_stalled(self, seconds: float, where: str) -> None:
+        """The event loop was blocked `seconds` (a `LoopWatch` saw it), last in `where`."""
+        self.loop_stalls += 1
+        self.loop_stalled_s += seconds
+        count, longest, _ = self._recent_stalls
+        self._recent_stalls = (count + 1, max(longest, seconds), where)
+
     # the heartbeat's record
     def record(self) -> ProducerRecord:
         """The stats record for this heartbeat; starts the next 'recent' interval."""
@@ -177,8 +187,11 @@ class ProducerStats:
             recent_committed=sum(c.recent_committed for c in tags_values(tags)),
             abandoned=sum(self.abandoned.values()), env_errors=sum(self.env_errors.values()),
             refused=_by_last(self.refused), tags=dict(tags),
-            servers_down=dict(held.servers_down),
+            servers_down=dict(held.servers_down), loop_stalls=self.loop_stalls,
+            recent_stalls=self._recent_stalls[0], recent_stall_longest_s=self._recent_stalls[1],
+            recent_stall_where=self._recent_stalls[2],
         )
+        self._recent_stalls = (0, 0.0, "")
         for counts in self.tags.values():
             counts.recent_committed = counts.recent_successes = counts.recent_actions = 0
         self._last_at, self._last_cpu = now, cpu
@@ -227,6 +240,13 @@ class ProducerStats:
                       "Envs started at a cursor an earlier holder of their shard left "
                       "(a takeover or handover)", ["mode"],
                       [((m,), n) for m, n in list(self.resumed.items())])
+        yield counter("rollstream_event_loop_stalls",
+                      "Times this producer's event loop was blocked past the stall threshold "
+                      "(a policy's act or an env's step that blocks: every env waits)", [],
+                      [((), self.loop_stalls)])
+        yield counter("rollstream_event_loop_stalled_seconds",
+                      "Seconds this producer's event loop spent in those stalls", [],
+                      [((), self.loop_stalled_s)])
         yield gauge("rollstream_shards_held", "Shards this producer holds", ["mode"],
                     [((m,), n) for m, n in held.shards.items()])
         yield gauge("rollstream_envs_held", "Envs of the shards this producer holds",

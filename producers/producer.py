@@ -33,6 +33,7 @@ from producers.leases import Leases, ShardId, claim_order, fair_share
 from producers.metrics import Held, ProducerStats
 from producers.policies import Policy, PolicyContext, make_policy, start_policy
 from producers.rollout import Abandoned, EnvSlot, InFlight, failed_trajectory, play_episode
+from producers.stall import LoopWatch, stall_threshold_s
 from producers.weights import WeightsFollower, takes_weights
 from schemas.backoff import Backoff
 from schemas.codec import encode_trajectory
@@ -302,6 +303,17 @@ class Producer:
         if not started:  # e.g. waiting for model servers that never answered
             logger.info("producer %s: stopped while its policy was starting", self.producer_id)
             return
+        # says so when a blocking act or env step holds the loop (and with it every env)
+        watch = LoopWatch(stall_threshold_s(config.lease_ttl_s), name=self.producer_id,
+                          lease_ttl_s=config.lease_ttl_s, on_stall=self.stats.loop_stalled)
+        watch.start()
+        try:
+            await self._serve_shards(redis, config)
+        finally:
+            watch.stop()
+
+    async def _serve_shards(self, redis: AsyncClient, config: RolloutConfig) -> None:
+        assert self._stop is not None
         self.inflight = InFlight()  # awaited policy calls a pause, expiry or stop cuts short
         self.schedules = {m: Schedule(config.episodes_per_step(m), config.ratio)
                           for m in config.modes()}

@@ -10,7 +10,9 @@ records, which count since their previous record, so one snapshot shows them.
      "live_producers", "server_time",
      "producers": [{"id", "state": live|gone, "heartbeat_age_s", "shards": ["train:0"],
                     "traj_per_s", "rss_mb", "cpu_percent", "envs", "in_flight", "committed",
-                    "host", "pid", "metrics_port", "rss_per_env_mb", "rss_per_env_baseline_mb"}],
+                    "host", "pid", "metrics_port", "rss_per_env_mb", "rss_per_env_baseline_mb",
+                    "loop_stalls", "recent_stalls", "recent_stall_longest_s",
+                    "recent_stall_where"}],  (stalls: its event loop blocked, producers/stall.py)
      "modes": {MODE: {"envs", "groups", "shards", "shards_leased",
                       "shards_without_live_producer": [int], "entries", "backlog", "pending",
                       "tags": {TAG: {"envs", "envs_running", "episodes_per_s", "success",
@@ -174,6 +176,9 @@ def _producer_figures(record: ProducerRecord) -> dict[str, Any]:
         "version": record.version, "paused": record.paused,
         "rss_per_env_mb": round(per_env, 3) if per_env is not None else None,
         "rss_per_env_baseline_mb": round(baseline / MB, 3) if baseline else None,
+        "loop_stalls": record.loop_stalls, "recent_stalls": record.recent_stalls,
+        "recent_stall_longest_s": round(record.recent_stall_longest_s, 2),
+        "recent_stall_where": record.recent_stall_where,
     }
 
 
@@ -341,13 +346,20 @@ def _producer_warnings(producer: dict[str, Any], limits: Limits) -> list[str]:
     name = producer["id"]
     if producer["state"] == "gone":
         return [f"producer {name} is gone (no heartbeat for {producer['heartbeat_age_s']:.0f}s)"]
+    out = []
+    if producer.get("recent_stalls"):
+        out.append(f"producer {name}: its event loop was blocked {producer['recent_stalls']} "
+                   f"time(s) since its previous heartbeat, up to "
+                   f"{producer['recent_stall_longest_s']:.1f}s, last in "
+                   f"{producer['recent_stall_where']} (a blocking act or env step holds every "
+                   "env of the producer)")
     per_env, baseline = producer.get("rss_per_env_mb"), producer.get("rss_per_env_baseline_mb")
     if per_env and baseline and per_env > limits.memory_growth * baseline:
         grown_mb = (per_env - baseline) * producer["envs"]
         if grown_mb >= limits.memory_growth_min_mb:
-            return [f"producer {name}: memory per env grew from {baseline:.2f} to "
-                    f"{per_env:.2f} MB ({grown_mb:.0f} MB more over {producer['envs']} envs)"]
-    return []
+            out.append(f"producer {name}: memory per env grew from {baseline:.2f} to "
+                       f"{per_env:.2f} MB ({grown_mb:.0f} MB more over {producer['envs']} envs)")
+    return out
 
 
 def _wait_warning(batcher: dict[str, Any], snap: dict[str, Any]) -> str:

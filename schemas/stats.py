@@ -84,6 +84,10 @@ class ProducerRecord:
     tags: dict[str, dict[str, TagCounts]] = field(default_factory=dict)  # mode -> tag ->
     servers_down: dict[str, str] = field(default_factory=dict)  # model servers set aside now:
     # base URL -> why
+    loop_stalls: int = 0  # times its event loop was blocked, since it started
+    recent_stalls: int = 0  # of those, since the previous record
+    recent_stall_longest_s: float = 0.0
+    recent_stall_where: str = ""  # where the loop's thread was in the last of them
 
     def encode(self) -> bytes:
         return pack(asdict(self))

@@ -621,6 +621,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_a_short_ttl_heartbeat_keeps_a_long_ttl_producer",),
     ),
     Mutant(
+        "producer-watches-its-loop", "producers/producer.py",
+        "        watch.start()\n",
+        "        pass  # (mutant) the loop is not watched\n",
+        "a producer warns (log, status, metrics) when a blocking act holds its event loop",
+        ("tests/test_stall.py::test_a_producer_whose_policy_blocks_says_where_in_its_log_"
+         "status_and_metrics",),
+    ),
+    Mutant(
+        "stall-names-the-blocking-code", "producers/stall.py",
+        "        if not _in_stdlib(code.co_filename):\n            named.append(text)",
+        "        named.append(text)",
+        "the stall warning names the user's frames, not the standard library's",
+        ("tests/test_stall.py::test_a_blocked_loop_is_warned_about_naming_the_code_that_"
+         "blocks_it",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

@@ -7,6 +7,7 @@ read from each step which weights chose it.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from schemas.codec import pack, unpack
@@ -81,3 +82,22 @@ class ForgetfulPolicy:
 
 def make_forgetful(bare: bool = False) -> ForgetfulPolicy:
     return ForgetfulPolicy(bare)
+
+
+class StallingPolicy:
+    """Blocks the event loop in its first `act` for `block_s` (a `time.sleep`, as a
+    synchronous HTTP client would), then acts at once."""
+
+    def __init__(self, block_s: float = 1.0):
+        self.block_s = block_s
+        self.blocked = threading.Event()
+
+    async def act(self, observation: Any, ctx: Any) -> tuple[int, None]:
+        if not self.blocked.is_set():
+            self.blocked.set()
+            time.sleep(self.block_s)
+        return 1, None
+
+
+def make_stalling(block_s: float = 1.0) -> StallingPolicy:
+    return StallingPolicy(block_s)
