@@ -1094,7 +1094,7 @@ class Batcher:
         ready = self._ready_count(state)
         partial = len(state.groups) - ready
         paused = sorted(_text(p) for p in self.redis.smembers(self.keys.pause))
-        producers = len(live_producers(self.redis, self.keys, self.config.lease_ttl_s))
+        producers = len(live_producers(self.redis, self.keys))
         where = f"val round {state.round}" if state.mode == "val" else f"version {self.version}"
         return (
             f"get_batch(mode={state.mode!r}) timed out after {timeout_s:g}s waiting for {n} "

@@ -138,7 +138,7 @@ def _redis_families(batcher: Batcher) -> Iterator[Family]:
         pipe.smembers(keys.pause)
         pipe.xlen(keys.dead)
         replies = pipe.execute(raise_on_error=False)
-        live = len(live_producers(batcher.redis, keys, batcher.config.lease_ttl_s))
+        live = len(live_producers(batcher.redis, keys))
     except redis_lib.RedisError as exc:
         logger.warning("metrics: cannot read the run's state from Redis: %s", exc)
         return

@@ -20,14 +20,15 @@ ShardId = tuple[str, int]  # (mode, shard index)
 HEARTBEAT_LUA = """
 -- KEYS: producers zset, producer caps hash, then the leases this producer holds
 -- ARGV: producer id, ttl ms, its max_shards (0: none)
--- Entries are dropped only after ten ttls: producers of one run may read different ttls
--- (a config changed under running producers), and one with a short ttl must not delete the
--- heartbeat of one with a long ttl that beats less often. Live is counted by own ttl.
+-- Each entry's score is when its heartbeat expires (server ms), by the ttl of the producer
+-- that wrote it: producers of one run may run different ttls (a config changed under
+-- running producers), and each is live exactly as long as its own ttl says. Expired entries
+-- stay nine of this ttl more (status shows them as gone), then are dropped.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - 10 * ttl)
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - 9 * ttl)
 for i = 1, #gone do
   redis.call('ZREM', KEYS[1], gone[i])
   redis.call('HDEL', KEYS[2], gone[i])
@@ -37,8 +38,10 @@ if tonumber(ARGV[3]) > 0 then
 else
   redis.call('HDEL', KEYS[2], ARGV[1])
 end
-redis.call('PEXPIRE', KEYS[1], ttl * 10)
-redis.call('PEXPIRE', KEYS[2], ttl * 10)
+-- the keys outlive the latest expiry in the set (a short ttl never cuts a long one short)
+local latest = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2])
+redis.call('PEXPIREAT', KEYS[1], latest + 9 * ttl)
+redis.call('PEXPIREAT', KEYS[2], latest + 9 * ttl)
 local held = {}
 for i = 3, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
@@ -49,7 +52,7 @@ for i = 3, #KEYS do
   end
 end
 -- the live producers' caps ('' for none), this one's included
-local live = redis.call('ZRANGEBYSCORE', KEYS[1], now - ttl, '+inf')
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')
 local caps = {}
 for i = 1, #live do
   caps[i] = redis.call('HGET', KEYS[2], live[i]) or ''

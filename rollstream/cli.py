@@ -42,7 +42,6 @@ from schemas.redisconn import (
     locate,
     mask_url,
     publish,
-    server_ms,
     sync_client,
 )
 
@@ -474,20 +473,15 @@ def _produce(args: argparse.Namespace) -> int:
 
 
 def _check_producer(client: SyncClient, keys: Keys) -> int:
-    """Healthcheck: a producer id of this host with a heartbeat within one lease ttl."""
+    """Healthcheck: a producer id of this host whose heartbeat has not expired."""
     import socket
 
     raw = client.get(keys.config)
     if raw is None:
         print(f"run {keys.run}: no config published yet")
         return 1
-    ttl_ms = RolloutConfig.from_json(raw).lease_ttl_s * 1000
-    now_ms = server_ms(client, keys.producers)
     prefix = socket.gethostname() + "-"
-    beats: list[tuple[bytes, float]] = client.zrange(  # type: ignore[assignment]
-        keys.producers, 0, -1, withscores=True)
-    fresh = [_text(member) for member, score in beats
-             if _text(member).startswith(prefix) and now_ms - score <= ttl_ms]
+    fresh = [name for name in live_producers(client, keys) if name.startswith(prefix)]
     print(f"run {keys.run}: {len(fresh)} live producer(s) on this host")
     return 0 if fresh else 1
 
@@ -511,7 +505,7 @@ def _admin(args: argparse.Namespace) -> int:
     if args.command == "stop":
         client.set(keys.stop, 1)
         publish(client, keys.control, b"stop")
-        live = len(live_producers(client, keys, config.lease_ttl_s))
+        live = len(live_producers(client, keys))
         print(f"run {keys.run}: stopped; {live} live producer(s) exit now "
               "(a trainer that starts the run again resumes it)")
         return 0
@@ -551,9 +545,9 @@ def _reset(client: SyncClient, keys: Keys, yes: bool) -> int:
     client.set(keys.stop, 1)
     publish(client, keys.control, b"stop")
     deadline = time.monotonic() + ttl_s + 2.0
-    while live_producers(client, keys, ttl_s) and time.monotonic() < deadline:
+    while live_producers(client, keys) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = len(live_producers(client, keys, ttl_s))
+    left = len(live_producers(client, keys))
     deleted = 0
     names = list(client.scan_iter(match=keys.pattern(), count=1000))
     for i in range(0, len(names), 500):

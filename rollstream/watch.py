@@ -62,9 +62,11 @@ def snapshot(client: SyncClient, keys: Keys, config: RolloutConfig,
     limits = limits or Limits()
     raw = _read(client, keys, config)
     now_ms = raw["now_ms"]
-    ttl_ms = config.lease_ttl_s * 1000
-    beats = {_text(m): s for m, s in raw["beats"]}
-    live = {p for p, s in beats.items() if now_ms - s <= ttl_ms}
+    # a heartbeat's score is when it expires, by its producer's own lease ttl
+    expiries = {_text(m): s for m, s in raw["beats"]}
+    live = {p for p, s in expiries.items() if s >= now_ms}
+    # when each beat last (as this config's ttl has it; the stats records say it exactly)
+    beats = {p: s - config.lease_ttl_s * 1000 for p, s in expiries.items()}
     owners = raw["owners"]
     records = _producer_records(raw["stats"])
     snap: dict[str, Any] = {

@@ -209,8 +209,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "live-by-heartbeat", "schemas/liveness.py",
-        'now - int(ttl_s * 1000), "+inf",',
-        '"-inf", "+inf",',
+        'client.zrangebyscore(keys.producers, now, "+inf", withscores=True)',
+        'client.zrangebyscore(keys.producers, "-inf", "+inf", withscores=True)',
         "live producers are counted by fresh heartbeats, not by the heartbeat set's size",
         (f"{OPS}::test_stale_heartbeats_do_not_count_as_live_producers",),
     ),
@@ -614,11 +614,20 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_what_a_capped_producer_leaves_falls_to_the_others",),
     ),
     Mutant(
-        "heartbeat-keeps-long-ttl", "producers/leases.py",
-        "local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - 10 * ttl)",
-        "local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - ttl)",
-        "a producer on a short lease ttl does not delete the heartbeat of one on a long ttl",
-        ("tests/test_rollout.py::test_a_short_ttl_heartbeat_keeps_a_long_ttl_producer",),
+        "heartbeat-scores-its-expiry", "producers/leases.py",
+        "redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])",
+        "redis.call('ZADD', KEYS[1], now, ARGV[1])",
+        "a heartbeat is live by its own producer's ttl, not by the reader's",
+        ("tests/test_rollout.py::test_a_long_ttl_producer_is_live_between_its_beats_whatever_"
+         "ttl_the_reader_has",),
+    ),
+    Mutant(
+        "heartbeat-set-outlives-latest", "producers/leases.py",
+        "redis.call('PEXPIREAT', KEYS[1], latest + 9 * ttl)",
+        "redis.call('PEXPIRE', KEYS[1], 10 * ttl)",
+        "a short-ttl heartbeat does not expire the set holding a long-ttl producer's entry",
+        ("tests/test_rollout.py::test_a_short_ttl_beat_does_not_expire_the_heartbeat_set_"
+         "under_a_long_one",),
     ),
     Mutant(
         "producer-watches-its-loop", "producers/producer.py",

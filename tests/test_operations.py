@@ -112,7 +112,7 @@ def test_publish_version_refuses_oversized_weights(r, run):
 def test_stale_heartbeats_do_not_count_as_live_producers(r, run, redis_url):
     keys = Keys(run)
     batcher = Batcher(r, small_config(), run=run)
-    r.zadd(keys.producers, {"dead-producer": server_ms(r, keys.producers) - 60_000})  # a minute ago
+    r.zadd(keys.producers, {"dead-producer": server_ms(r, keys.producers) - 60_000})  # expired
     with pytest.raises(BatchTimeout, match="live producers: 0"):
         batcher.get_batch("train", timeout_s=0.2)
     status = cli("status", "--redis-url", redis_url, "--run", run)

@@ -37,6 +37,7 @@ from consumer import Batcher
 from producers.leases import Leases, fair_share
 from producers.policies import StepContext
 from producers.policies.random import RandomPolicy
+from rollstream.watch import snapshot
 from schemas.codec import ENTRY_FIELD, decode_trajectory, encode_trajectory
 from schemas.errors import BatchTimeout, ConfigError, StepExhausted
 from schemas.keys import Keys
@@ -673,7 +674,45 @@ def test_a_short_ttl_heartbeat_keeps_a_long_ttl_producer(r, run, redis_url):
         await client.aclose()
 
     asyncio.run(beats())
-    assert set(live_producers(r, Keys(run), ttl_s=2.0)) == {"slow", "fast"}
+    assert set(live_producers(r, Keys(run))) == {"slow", "fast"}
+
+
+def test_a_long_ttl_producer_is_live_between_its_beats_whatever_ttl_the_reader_has(r, run,
+                                                                                  redis_url):
+    """Liveness by each producer's own ttl: a producer on 2 s that beat 0.6 s ago is live for
+    a producer on 0.2 s (its live count, hence its fair share) and for `status` read with a
+    0.2 s config. Judged by the reader's ttl it showed as gone between its beats."""
+    async def beats() -> int:
+        client = await async_client(redis_url)
+        slow = Leases(client, Keys(run), "slow", ttl_s=2.0)
+        fast = Leases(client, Keys(run), "fast", ttl_s=0.2)
+        await slow.heartbeat([])
+        await asyncio.sleep(0.6)
+        live = (await fast.heartbeat([])).live
+        await client.aclose()
+        return live
+
+    assert asyncio.run(beats()) == 2
+    assert set(live_producers(r, Keys(run))) == {"slow", "fast"}
+    snap = snapshot(r, Keys(run), small_config(lease_ttl_s=0.2))
+    assert {p["id"]: p["state"] for p in snap["producers"]} == {"slow": "live", "fast": "live"}
+    time.sleep(0.3)  # the fast one's heartbeat has expired, the slow one's has not
+    assert set(live_producers(r, Keys(run))) == {"slow"}
+
+
+def test_a_short_ttl_beat_does_not_expire_the_heartbeat_set_under_a_long_one(r, run,
+                                                                            redis_url):
+    """The set's key outlives the latest expiry in it: a producer on 0.05 s set the key to
+    expire in ten of its ttls, taking the entry of one on 5 s (beating every 1.7 s) with it."""
+    async def beats() -> None:
+        client = await async_client(redis_url)
+        await Leases(client, Keys(run), "slow", ttl_s=5.0).heartbeat([])
+        await Leases(client, Keys(run), "fast", ttl_s=0.05).heartbeat([])
+        await client.aclose()
+
+    asyncio.run(beats())
+    time.sleep(0.7)
+    assert set(live_producers(r, Keys(run))) == {"slow"}
 
 
 def test_a_claim_longer_than_the_lease_ttl_loses_no_lease(r, run, producer_thread, caplog):
