@@ -836,9 +836,14 @@ class Batcher:
         """How many of the `wanted` groups can still complete. In sync mode a step's groups
         are its only ones until the version moves, so a group dropped because a member failed
         (a model server refusing a request, an env that kept raising) cannot be replaced:
-        the batch goes out without it rather than never. Async mode: `wanted` (later
-        episodes fill in)."""
-        if state.mode != "train" or self.config.ratio != 0:
+        the batch goes out without it rather than never. A val round likewise: it plays
+        its episodes once, so a group dropped in it is gone for the round. Async mode:
+        `wanted` (later episodes fill in)."""
+        if state.mode == "val":
+            dropped = sum(1 for keys in state.finished.values() for rnd, _ in keys
+                          if rnd == state.round)
+            return min(wanted, self._most_groups(state) - dropped)
+        if self.config.ratio != 0:
             return wanted
         per_step = state.schedule.episodes_per_step
         low, high = self.version * per_step, (self.version + 1) * per_step
@@ -882,12 +887,23 @@ class Batcher:
         return sum(lengths) <= len(state.held) + len(state.handed)
 
     def _hand_out_short(self, state: ModeState, wanted: int, deliverable: int) -> None:
+        failed = int(self.totals["scheduler/failed_groups"])
+        if state.mode == "val":
+            if deliverable <= 0:
+                raise StepExhausted(
+                    f"get_batch(mode='val') val round {state.round}: every group of the round "
+                    f"was dropped (a member failed; scheduler/failed_groups {failed} since this "
+                    "batcher started): the producers' log says why")
+            logger.warning("val round %d: handing out %d of %d groups; the others were dropped "
+                           "(a member failed; the producers' log says why)", state.round,
+                           deliverable, wanted)
+            return
         if deliverable <= 0:
             raise StepExhausted(
                 f"get_batch(mode='train') at version {self.version}: no group can complete "
                 f"any more before the version moves (every episode admitted was committed, "
                 f"and each group was handed out or dropped; scheduler/failed_groups "
-                f"{int(self.totals['scheduler/failed_groups'])}); publish_version to go on")
+                f"{failed}); publish_version to go on")
         logger.warning("version %d: handing out %d of %d groups; no other group can complete "
                        "before the version moves (dropped: a member failed; or handed out "
                        "already)", self.version, deliverable, wanted)
@@ -1093,14 +1109,18 @@ class Batcher:
     def _timeout_message(self, state: ModeState, n: int, wanted: int, timeout_s: float) -> str:
         ready = self._ready_count(state)
         partial = len(state.groups) - ready
-        paused = sorted(_text(p) for p in self.redis.smembers(self.keys.pause))
         producers = len(live_producers(self.redis, self.keys))
-        where = f"val round {state.round}" if state.mode == "val" else f"version {self.version}"
+        if state.mode == "val":  # the pause holds train rollouts only
+            where = f"val round {state.round}"
+        else:
+            paused = sorted(_text(p) for p in self.redis.smembers(self.keys.pause))
+            where = f"version {self.version}; pause reasons: {paused or 'none'}"
+        failed = int(self.totals["scheduler/failed_groups"])
         return (
             f"get_batch(mode={state.mode!r}) timed out after {timeout_s:g}s waiting for {n} "
             f"trajectories ({wanted} complete groups of {state.group_size}); have {ready} "
-            f"complete and {partial} partial groups at {where}; pause reasons: "
-            f"{paused or 'none'}; live producers: {producers}"
+            f"complete and {partial} partial groups at {where}; groups dropped for a failed "
+            f"member since this batcher started: {failed}; live producers: {producers}"
         )
 
 

@@ -646,6 +646,13 @@ MUTANTS: tuple[Mutant, ...] = (
          "blocks_it",),
     ),
     Mutant(
+        "batcher-val-round-short", "consumer/batcher.py",
+        "            return min(wanted, self._most_groups(state) - dropped)\n",
+        "            return wanted\n",
+        "a val round whose group was dropped is handed out without it, not waited on",
+        ("tests/test_rollout.py::test_a_val_round_whose_group_failed_is_handed_out_without_it",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

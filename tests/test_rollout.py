@@ -18,6 +18,7 @@ from typing import Any
 import msgpack
 import pytest
 from helpers import (
+    BROKEN_ENV_ID,
     ROOT,
     SLEEPY_ENV_ID,
     SLOW_BUILD_ENV_ID,
@@ -511,6 +512,40 @@ def test_a_sync_step_whose_group_failed_is_handed_out_without_it(r, run, produce
         assert batch.metrics["scheduler/failed_groups"] == 1
         batcher.ack(batch)
         publish(batcher)
+
+
+def test_a_val_round_whose_group_failed_is_handed_out_without_it(r, run, producer_thread,
+                                                                 caplog):
+    """A val round plays its episodes once: a group dropped in it (an env that kept raising,
+    a model server refusing a request) cannot come back, and `get_batch("val")` waited out
+    its whole timeout for it, every round. Now the round goes out without it, and a round
+    with no group left says so at once."""
+    config = small_config(custom_envs={"Broken": {"env_id": BROKEN_ENV_ID}},
+                          val_env_manager={"tags": ["FrozenLake", "Broken"],
+                                           "num_groups_partition": [6, 2]},
+                          env_max_retries=0, val_batch_size=8)
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    caplog.set_level("WARNING", logger="consumer")
+    for _ in range(2):  # the same short round each time
+        started = time.monotonic()
+        val = batcher.get_batch("val", timeout_s=30)
+        assert time.monotonic() - started < 15
+        assert sorted(val.group_ids.tolist()) == [0, 1, 2, 3, 4, 5]
+        assert val.metrics["scheduler/failed_groups"] == 2
+        batcher.ack(val)
+    assert "handing out 6 of 8 groups" in caplog.text
+
+
+def test_a_val_round_with_every_group_failed_says_so_at_once(r, run, producer_thread):
+    config = small_config(custom_envs={"Broken": {"env_id": BROKEN_ENV_ID}},
+                          val_env_manager={"tags": ["Broken"]}, env_max_retries=0)
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    started = time.monotonic()
+    with pytest.raises(StepExhausted, match="every group of the round was dropped"):
+        batcher.get_batch("val", timeout_s=30)
+    assert time.monotonic() - started < 15
 
 
 def test_a_batcher_restarted_in_a_sync_step_knows_what_the_step_lost(r, run, producer_thread):
