@@ -115,6 +115,7 @@ class ProducerStats:
         self.env_errors: dict[tuple[str, str], int] = defaultdict(int)
         self.resumed: dict[str, int] = defaultdict(int)  # envs started at an earlier cursor
         self.in_flight: dict[str, int] = defaultdict(int)  # mode -> envs in an episode
+        self.context_full_by: dict[tuple[str, str], int] = defaultdict(int)  # (mode, tag)
         self.loop_stalls = 0  # times the event loop was blocked (see producers/stall.py)
         self.loop_stalled_s = 0.0
         self._recent_stalls: tuple[int, float, str] = (0, 0.0, "")  # count, longest, where
@@ -156,6 +157,11 @@ class ProducerStats:
         self.env_errors[(mode, tag)] += 1
         if retried:
             self.replayed[(mode, tag)] += 1
+
+    def context_full(self, mode: str, tag: str) -> int:
+        """An episode ended by the model's context window; returns how many so far."""
+        self.context_full_by[(mode, tag)] += 1
+        return sum(self.context_full_by.values())
 
     def loop_stalled(self, seconds: float, where: str) -> None:
         """The event loop was blocked `seconds` (a `LoopWatch` saw it), last in `where`."""
@@ -234,6 +240,10 @@ class ProducerStats:
         yield counter("rollstream_episodes_replayed",
                       "Episodes played again with the same seed after their env raised",
                       ["mode", "tag"], list(self.replayed.items()))
+        yield counter("rollstream_episodes_context_full",
+                      "Episodes ended truncated because the conversation outgrew the model's "
+                      "context window (committed with their turns)", ["mode", "tag"],
+                      list(self.context_full_by.items()))
         yield counter("rollstream_env_errors", "Exceptions raised by envs", ["mode", "tag"],
                       list(self.env_errors.items()))
         yield counter("rollstream_envs_resumed",

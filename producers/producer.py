@@ -694,6 +694,8 @@ class Producer:
                 # measured with py-spy, was ~4% of a producer)
                 failed, success = traj.get("failed", False), traj["success"]
                 actions = traj["num_actions"]
+                if "context_full" in traj:
+                    self._context_full(slot, traj)
                 traj = None
                 while True:
                     outcome = await committer.submit(mode, slot.shard, slot.round, slot.env_id,
@@ -720,6 +722,16 @@ class Producer:
                 # let the bytes go before the next episode: this frame lives as long as the
                 # env (the trajectory itself went once encoded)
                 data = b""
+
+    def _context_full(self, slot: EnvSlot, traj: dict[str, Any]) -> None:
+        """An episode the model's context window ended: counted; the first one is logged."""
+        if self.stats.context_full(slot.mode, slot.tag) == 1:
+            logger.warning(
+                "producer %s: episode %d of env %d (%s) ended truncated after %d turns: the "
+                "conversation outgrew the model's context window (%s); it is committed with "
+                "its turns (context_full in the trajectory), and later ones are only counted "
+                "(rollstream_episodes_context_full)", self.producer_id, traj["episode_id"],
+                slot.env_id, slot.tag, traj["num_actions"], traj["context_full"])
 
     def _give_up(self, run: ShardRun, slot: EnvSlot, k: int) -> bool:
         """Episode `k` was abandoned. Staying: move past it (True). Leaving: keep the cursor,

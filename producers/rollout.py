@@ -20,7 +20,7 @@ import numpy as np
 from producers.control import ControlState
 from producers.policies import Policy, StepContext, Turn
 from schemas.codec import SCHEMA_VERSION, traj_ids
-from schemas.errors import PolicyError, TurnAborted
+from schemas.errors import ContextFull, PolicyError, TurnAborted
 from schemas.seeding import episode_seed
 
 logger = logging.getLogger(__name__)
@@ -175,6 +175,7 @@ async def play_episode(
     policy_s = score = 0.0
     terminated = truncated = False
     seen = -1  # the control generation the gate last passed
+    context_full: str | None = None  # why the model could take no further turn
     version_of = acting_version or (lambda: control.version)
 
     if threaded:
@@ -190,13 +191,19 @@ async def play_episode(
             ctx.version = version_of()
         ctx.turn = len(steps)
         t0 = clock()
-        chosen = act_now(observation, ctx) if act_now is not None else None
-        if chosen is None:
-            chosen = await _act(policy, observation, ctx, inflight, must_stop)
-            if chosen is None:  # cut short or aborted: the gate again, then the same turn
-                policy_s += clock() - t0
-                seen = -1
-                continue
+        try:
+            chosen = act_now(observation, ctx) if act_now is not None else None
+            if chosen is None:
+                chosen = await _act(policy, observation, ctx, inflight, must_stop)
+        except ContextFull as exc:  # the conversation outgrew the model: ends truncated
+            policy_s += clock() - t0
+            truncated = True
+            context_full = str(exc)
+            break
+        if chosen is None:  # cut short or aborted: the gate again, then the same turn
+            policy_s += clock() - t0
+            seen = -1
+            continue
         action, response = chosen
         policy_s += clock() - t0
         if response is None and not threaded:  # an action, no model text: the common step
@@ -214,7 +221,7 @@ async def play_episode(
         observation = next_obs
 
     wall_s = clock() - started
-    return {
+    traj = {
         **_identity(slot, k, env_seed, producer_id),
         # the versions of the first and last steps (the weights that chose them)
         "version_start": steps[0]["version"] if steps else control.version,
@@ -232,6 +239,9 @@ async def play_episode(
         "wall_time_s": wall_s,
         "finished_at": time.time(),
     }
+    if context_full is not None:
+        traj["context_full"] = context_full
+    return traj
 
 
 async def _model_step(response: Any, action: Any, env: Any, env_step: Callable[[Any], Any],

@@ -242,6 +242,8 @@ class FakeLLMOptions:
     model_path: str = "fake/weights-0"
     load_time_s: float = 0.0  # a weight update takes this long
     during_load: str = "wait"  # new requests while loading: "wait" or "abort"
+    max_model_len: int = 32768  # context window: a prompt plus max_tokens past it is refused
+    # with vLLM's HTTP 400
 
 
 @dataclass(eq=False)
@@ -409,9 +411,10 @@ class FakeLLMServer:
         now = int(time.time())
         cards = [{"id": self.options.model, "object": "model", "created": now,
                   "owned_by": "vllm", "root": self.options.model_path, "parent": None,
-                  "max_model_len": 32768}]
+                  "max_model_len": self.options.max_model_len}]
         cards += [{"id": name, "object": "model", "created": now, "owned_by": "vllm",
-                   "root": path, "parent": self.options.model, "max_model_len": 32768}
+                   "root": path, "parent": self.options.model,
+                   "max_model_len": self.options.max_model_len}
                   for name, path in self.adapters.items()]
         return _json({"object": "list", "data": cards})
 
@@ -463,6 +466,10 @@ class FakeLLMServer:
                 if request.transport is not None:
                     request.transport.close()
                 await asyncio.sleep(3600)  # cancelled once aiohttp sees the closed connection
+        overflow = self._overflow(body)
+        if overflow is not None:
+            self.stats["context_overflow"] += 1
+            return _error(400, overflow, "BadRequestError")
         assert self._loaded is not None
         if not self._loaded.is_set():
             if self.options.during_load == "abort":
@@ -496,6 +503,18 @@ class FakeLLMServer:
             return self._completion(body, model, "", [], [], "abort")
         self.stats["completed"] += 1
         return self._completion(body, model, text, reply, logprobs, finish)
+
+    def _overflow(self, body: dict[str, Any]) -> str | None:
+        """vLLM's refusal of a prompt plus `max_tokens` longer than the context window."""
+        prompt = len(render_prompt(body["messages"], drop_thinking=self.options.drop_thinking))
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+        wanted = prompt + (limit if isinstance(limit, int) else 0)
+        if wanted <= self.options.max_model_len:
+            return None
+        return (f"This model's maximum context length is {self.options.max_model_len} tokens. "
+                f"However, you requested {wanted} tokens ({prompt} in the messages, "
+                f"{wanted - prompt} in the completion). Please reduce the length of the "
+                "messages or completion.")
 
     def _reply(self, body: dict[str, Any], rng: random.Random) -> tuple[str, bool]:
         """(reply text, whether it is a good move)."""

@@ -49,6 +49,13 @@ class EpisodeFailed(RollstreamError):
     without the env retries, so its group is dropped and counted."""
 
 
+class ContextFull(RollstreamError):
+    """The model's context window cannot hold the next turn: a server refused the request for
+    its length (the conversation outgrew `max_model_len`). The episode ends truncated with
+    the turns it played (`context_full` in its trajectory), as a length stop ends it in
+    ROLL; a python policy may raise it from `act` for the same end."""
+
+
 class TurnAborted(RollstreamError):
     """A model turn that was not generated (the server aborted it, as SGLang does while it
     loads new weights): the producer sends it again after its gate (pause, expiry) passes."""

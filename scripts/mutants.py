@@ -653,6 +653,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_a_val_round_whose_group_failed_is_handed_out_without_it",),
     ),
     Mutant(
+        "context-full-truncates", "producers/llm/pool.py",
+        "        if status >= 400 and is_context_overflow(status, raw):\n",
+        "        if False:\n",
+        "a turn refused for the context window ends its episode truncated, not failed",
+        ("tests/test_llm_policy.py::test_an_episode_that_outgrows_the_context_window_ends_"
+         "truncated_with_its_turns",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from helpers import ROOT, clean_env, free_port, small_config, wait_for
-from llm_helpers import MODEL, fake_llm_factory
+from helpers import ROOT, ProducerThread, clean_env, free_port, small_config, wait_for
+from llm_helpers import MODEL, fake_llm_factory, llm_config
 
 from consumer import Batcher
 from producers.llm.chat import turn_seed
 from producers.policies import StepContext
+from producers.producer import Producer
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE
 from schemas.errors import ConfigError
 from schemas.keys import Keys
@@ -402,3 +403,44 @@ def test_a_turn_aborted_by_a_weight_update_leaves_no_half_turn(fake_llm) -> None
     assert turn.finish_reason == "stop" and turn.version == 7
     assert turn.version_source == "server"
     assert len(ctx.scratch["chat"]) == 3  # the aborted attempt left no reply behind
+
+
+def test_an_episode_that_outgrows_the_context_window_ends_truncated_with_its_turns(
+        fake_llm, producer_thread, r: redis.Redis, run: str, redis_url: str, caplog) -> None:
+    """A server refusing a turn for its length (vLLM's HTTP 400 "maximum context length")
+    ended the episode as failed with no steps and dropped its whole group, so long episodes
+    were never trained on. It ends truncated now, with the turns that fit, as ROLL ends one
+    at its length limit; the group trains."""
+    roomy = fake_llm(latency_s=0.001)
+    config = llm_config([roomy.base_url], rollout_batch_size=16)
+    measure = Batcher(r, config, run=run + "-roomy")
+    first = ProducerThread(Producer(redis_url, run + "-roomy", handle_signals=False)).start()
+    try:
+        batch = measure.get_batch(timeout_s=30)
+    finally:
+        first.stop()
+        measure.stop_run()
+        for key in r.scan_iter(match=Keys(run + "-roomy").pattern()):
+            r.delete(key)
+    # a window that holds a second turn but not a third
+    second = [len(t["steps"][1]["prompt_ids"]) for t in batch.trajectories
+              if t["num_actions"] >= 3]
+    assert second, "no episode of three turns to cut"
+    window = min(second) + 64  # max_tokens 64
+    tight = fake_llm(latency_s=0.001, max_model_len=window)
+    config = llm_config([tight.base_url], rollout_batch_size=16)
+    batcher = Batcher(r, config, run=run)
+    caplog.set_level("WARNING")
+    thread = producer_thread()
+    batch = batcher.get_batch(timeout_s=30)
+    assert batch.metrics["scheduler/failed_groups"] == 0 and len(batch) == 16
+    cut = [t for t in batch.trajectories if t.get("context_full")]
+    assert cut and tight.stats["context_overflow"] >= len(cut)
+    for traj in cut:
+        assert traj["truncated"] and not traj["terminated"] and not traj["failed"]
+        assert traj["num_actions"] >= 1 and "maximum context length" in traj["context_full"]
+        assert all(len(s["prompt_ids"]) + 64 <= window for s in traj["steps"])
+    warned = [rec.getMessage() for rec in caplog.records
+              if "outgrew the model's context window" in rec.getMessage()]
+    assert len(warned) == 1, warned
+    assert sum(thread.producer.stats.context_full_by.values()) >= len(cut)

@@ -41,7 +41,7 @@ import aiohttp
 import orjson
 
 from producers import metrics
-from schemas.errors import EpisodeFailed, PolicyError
+from schemas.errors import ContextFull, EpisodeFailed, PolicyError
 from schemas.policy import (
     ServerRecord,
     error_message,
@@ -297,6 +297,11 @@ class ServerPool:
             metrics.llm_error(server.base_url, "lost_weights")
             raise _Transient(f"it does not have {model!r} (HTTP 404): unloaded, or the server "
                              "restarted (the trainer's ModelServers loads it again)", lost=True)
+        if status >= 400 and is_context_overflow(status, raw):
+            metrics.llm_error(server.base_url, "context_full")
+            self._mark_up(server)
+            raise ContextFull(f"model server {server.base_url} refused the turn for its "
+                              f"length (HTTP {status}): {_message(raw)}")
         if status >= 400:
             metrics.llm_error(server.base_url, "http_4xx")
             self._mark_up(server)  # it answered: up, but this request will not pass
@@ -450,6 +455,23 @@ def _inflight(server: Server) -> int:
 
 def _retry_at(server: Server) -> float:
     return server.retry_at
+
+
+# How servers word a request longer than the model's context window: vLLM "This model's
+# maximum context length is 4096 tokens. However, you requested ..."; SGLang "Requested token
+# count exceeds the model's maximum context length ..." and "The input (5000 tokens) is
+# longer than the model's context length (4096 tokens)"; OpenAI's code
+# `context_length_exceeded`; others "context window".
+CONTEXT_OVERFLOW = ("context length", "context_length", "context window",
+                    "input is too long", "prompt is too long")
+
+
+def is_context_overflow(status: int, raw: bytes) -> bool:
+    """A 400 (or 413/422) whose body says the request is longer than the context window."""
+    if status not in (400, 413, 422):
+        return False
+    text = _message(raw).lower()
+    return any(phrase in text for phrase in CONTEXT_OVERFLOW)
 
 
 def _message(raw: bytes) -> str:
