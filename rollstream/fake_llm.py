@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-FAULT_KINDS = ("500", "400", "hang", "drop")
+FAULT_KINDS = ("500", "400", "hang", "drop", "bad_shape")
 SPECIAL_IDS = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
 VOCAB_SIZE = 32_000
 _PIECES = re.compile(r"<\|[a-z_]+\|>|\w+|\s+|[^\w\s]")
@@ -294,7 +294,8 @@ class FakeLLMServer:
         return self.stats["in_flight"]
 
     def fail_next(self, kind: str, count: int = 1) -> None:
-        """Answer the next `count` chat requests with a fault: 500, 400, hang or drop."""
+        """Answer the next `count` chat requests with a fault: 500, 400, hang, drop, or
+        bad_shape (HTTP 200, JSON that is no completion: `{"choices": ["x"]}`)."""
         if kind not in FAULT_KINDS:
             raise ValueError(f"fault kind {kind!r} is not one of {', '.join(FAULT_KINDS)}")
         with self._lock:
@@ -462,6 +463,8 @@ class FakeLLMServer:
                 return _error(500, "injected fault", "InternalServerError")
             if fault == "400":
                 return _error(400, "injected bad request", "BadRequestError")
+            if fault == "bad_shape":
+                return _json({"choices": ["x"]})
             if fault == "drop":
                 if request.transport is not None:
                     request.transport.close()

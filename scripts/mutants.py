@@ -661,6 +661,33 @@ MUTANTS: tuple[Mutant, ...] = (
          "truncated_with_its_turns",),
     ),
     Mutant(
+        "pool-sets-aside-hung-server", "producers/llm/pool.py",
+        "            self._mark_down(server, exc)  # hung: set aside, one request probes it "
+        "later\n",
+        "            pass\n",
+        "a server that hung past the timeout is set aside, not tried first by every turn",
+        ("tests/test_llm_pool.py::test_a_hung_server_is_set_aside_so_later_turns_do_not_wait_on_"
+         "it",),
+    ),
+    Mutant(
+        "pool-unrecorded-launch-weights", "producers/llm/pool.py",
+        "                              or version is None and self._run_loads):",
+        "                              or False):",
+        "a server with launch weights and no record, where others have loaded ones, is not "
+        "labelled with the run's version",
+        ("tests/test_generation_control.py::test_an_sglang_server_that_missed_every_update_is_"
+         "set_aside_not_mislabelled",),
+    ),
+    Mutant(
+        "pool-checks-the-choice", "producers/llm/pool.py",
+        "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
+        "dict):\n",
+        "            if False:\n",
+        "a 200 whose choice is no message fails the episode naming the server",
+        ("tests/test_llm_pool.py::test_a_200_that_is_no_completion_fails_the_episode_naming_the_"
+         "server",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import re
 import threading
 from collections import Counter
 from typing import Any
@@ -471,6 +472,37 @@ def test_a_restarted_sglang_server_is_set_aside_until_its_weights_are_loaded_aga
                       for traj in batch.trajectories for step in traj["steps"])
     assert {source for source, version in sources if version > 0} == {"server"}, sources
     assert {version for source, version in sources if source == "producer"} == {0}
+
+
+def test_an_sglang_server_that_missed_every_update_is_set_aside_not_mislabelled(
+        fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+    """Server B was down for the first update (A took it) and came back on its launch
+    weights ("default") with no record: its turns were labelled with the run's version (the
+    producer's fallback), weights they did not come from. It is set aside until `heal()`
+    loads the newest checkpoint into it."""
+    a, b = fake_llm(latency_s=0.003), fake_llm(latency_s=0.003)
+    batcher = Batcher(r, lake_config([a.base_url, b.base_url]), run=run)
+    servers = ModelServers.for_batcher(batcher, "sglang", watch_s=None)
+    producer_thread()
+    batch = batcher.get_batch(timeout_s=30)
+    b.stop()
+    with pytest.raises(ServerUpdateError, match=re.escape(b.base_url)):
+        servers.update(1, "/ckpt/1")  # A loads it; B misses it
+    batcher.ack(batch)
+    batcher.publish_version(1)
+    again = restarted(b)
+    try:
+        batches = [batcher.get_batch(timeout_s=30)]
+        batcher.ack(batches[-1])
+        servers.update(2, "/ckpt/2")  # B is back: it takes this one (and is recorded)
+        batcher.publish_version(2)
+        batches.append(batcher.get_batch(timeout_s=30))
+    finally:
+        again.stop()
+    steps = [step for batch in batches for traj in batch.trajectories for step in traj["steps"]]
+    assert {(s["version_source"], s["version"]) for s in steps} <= {("server", 1),
+                                                                    ("server", 2)}
+    assert any(s["server"] == b.base_url for s in steps if s["version"] == 2)
 
 
 def test_a_restarted_vllm_server_loses_no_group_and_the_watch_loads_its_adapter(

@@ -97,6 +97,27 @@ def test_a_hang_past_the_timeout_is_retried_on_another_server(fake_llm) -> None:
         wait_until(lambda s=server: s.stats["cancelled"] == 1)
 
 
+def test_a_hung_server_is_set_aside_so_later_turns_do_not_wait_on_it(
+        fake_llm, caplog: pytest.LogCaptureFixture) -> None:
+    """A SIGSTOPped server answers nothing: each turn waited out the timeout on it first
+    (it had the fewest requests in flight once its own were closed) and nothing was logged.
+    The first timeout sets it aside now; the others go to the live server."""
+    hung, live = fake_llm(hang_rate=1.0), fake_llm()
+    caplog.set_level(logging.WARNING, logger="producers.llm.pool")
+
+    async def scenario(pool: ServerPool) -> tuple[list[str], float, dict[str, str]]:
+        started = time.monotonic()
+        served = [(await pool.chat(BODY)).server.base_url for _ in range(8)]
+        return served, time.monotonic() - started, pool.servers_down()
+
+    served, took, down = run_pool([hung.base_url, live.base_url], scenario, timeout_s=0.4)
+    assert served == [live.base_url] * 8
+    assert hung.stats["requests"] <= 2  # the first turn's try, at most one probe
+    assert took < 4 * 0.4
+    assert "no answer within 0.4s" in down[hung.base_url]
+    assert f"model server {hung.base_url} is down (no answer within 0.4s)" in caplog.text
+
+
 def wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -110,6 +131,16 @@ def test_a_4xx_fails_at_once(fake_llm) -> None:
     with pytest.raises(EpisodeFailed, match=r"refused the request \(HTTP 400\)"):
         run_pool([a.base_url], lambda pool: pool.chat(BODY))
     assert a.stats["requests"] == 1
+
+
+def test_a_200_that_is_no_completion_fails_the_episode_naming_the_server(fake_llm) -> None:
+    """`{"choices": ["x"]}` passed the check for choices and raised an AttributeError deep in
+    the reply's parsing, which the producer blamed on the env and replayed."""
+    a = fake_llm()
+    a.fail_next("bad_shape")
+    with pytest.raises(EpisodeFailed, match=f"model server {a.base_url} answered HTTP 200 "
+                                            r"without a completion \(choices\[0\] holds no"):
+        run_pool([a.base_url], lambda pool: pool.chat(BODY))
 
 
 def test_a_dead_server_is_left_and_used_again_once_back(fake_llm) -> None:

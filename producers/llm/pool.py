@@ -5,8 +5,11 @@ flight and returns its JSON answer with the server and latency. What can pass is
 what cannot is raised:
 - a connection error, a 5xx, 408 or 429: retried on the same server with capped backoff, up
   to `max_retries` times, then the server is marked down and another one is used;
-- a timeout (`timeout_s`): retried at once on another server when one is up (a server that
-  hung once is likely still busy), else as above;
+- a timeout (`timeout_s`): when another server is up, this one is marked down (a server
+  that hung once is likely still hung: every later turn would wait out the timeout on it
+  first) and the turn goes to another at once; else as above;
+- a 400 saying the request is longer than the context window: `ContextFull` (the episode
+  ends truncated);
 - any other 4xx, or a 2xx body that is not a completion: `EpisodeFailed`, never retried;
 - a server that lost the weights it was recorded with (restarted: it answers with its launch
   weights, or 404 for the LoRA adapter the request named): marked down at once, another one
@@ -132,6 +135,7 @@ class ServerPool:
         self._slots: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
         self._changed: asyncio.Event | None = None  # set when a server comes back
+        self._run_loads = False  # some server of the run has SGLang weights recorded
         self._all_down = False
         self._turn = 0  # rotates ties between equally loaded servers
 
@@ -163,6 +167,10 @@ class ServerPool:
         """Each server's record from `{RUN}:servers`, by base URL (a server without a record:
         version unknown). True when something changed; waiting requests look again at once."""
         changed = False
+        # the run loads full weights into servers that report them (SGLang): one of them
+        # answering with launch weights and no record missed what the others took
+        self._run_loads = any(record.reports and record.model is None
+                              for record in records.values())
         for server in self.servers:
             record = records.get(server.base_url)
             seen = (None, None, False) if record is None else (
@@ -311,14 +319,23 @@ class ServerPool:
             data = orjson.loads(raw)
             if not isinstance(data, dict) or not data.get("choices"):
                 raise ValueError("no choices")
+            choice = data["choices"][0]
+            if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+                raise ValueError("choices[0] holds no message")
         except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
             metrics.llm_error(server.base_url, "bad_reply")
             raise EpisodeFailed(f"model server {server.base_url} answered HTTP {status} "
                                 f"without a completion ({exc})") from None
-        if reports and model is None and version is not None:
+        if model is None and (version is not None and reports
+                              or version is None and self._run_loads):
             reported = reported_weight_version(data)
             if reported is not None and not reported.isdigit():  # not a version we loaded
                 metrics.llm_error(server.base_url, "lost_weights")
+                if version is None:  # missed every update the others took, or restarted
+                    raise _Transient(f"it answers with weight_version {reported!r} (its launch "
+                                     "weights) and has no record of a version loaded, where "
+                                     "the run's other servers have (the trainer's "
+                                     "ModelServers loads the newest one)", lost=True)
                 raise _Transient(f"it answers with weight_version {reported!r} where version "
                                  f"{version} was loaded: restarted? (the trainer's "
                                  "ModelServers loads it again)", lost=True)
@@ -348,6 +365,7 @@ class ServerPool:
             self._mark_down(server, exc)
             return await self._pick(avoid=server, min_version=min_version), 0
         if exc.timeout and any(s is not server and not s.down for s in self.servers):
+            self._mark_down(server, exc)  # hung: set aside, one request probes it later
             return await self._pick(avoid=server, min_version=min_version), 0
         tries += 1
         if tries > self.max_retries:
