@@ -271,6 +271,7 @@ class FakeLLMServer:
         self._held: set[_Pending] = set()
         self.adapters: dict[str, str] = {}  # LoRA adapter name -> path
         self._scripted: collections.deque[str] = collections.deque()
+        self._marked: bytes | None = None  # requests carrying this are answered 502
         self._fault_rng = random.Random(self.options.seed ^ 0xFA17)
         self._pending: set[_Pending] = set()
         self._loaded: asyncio.Event | None = None  # cleared while weights load
@@ -293,6 +294,11 @@ class FakeLLMServer:
     def in_flight(self) -> int:
         return self.stats["in_flight"]
 
+    @property
+    def loading(self) -> bool:
+        """A weight update is loading now."""
+        return self._loaded is not None and not self._loaded.is_set()
+
     def fail_next(self, kind: str, count: int = 1) -> None:
         """Answer the next `count` chat requests with a fault: 500, 400, hang, drop, or
         bad_shape (HTTP 200, JSON that is no completion: `{"choices": ["x"]}`)."""
@@ -300,6 +306,11 @@ class FakeLLMServer:
             raise ValueError(f"fault kind {kind!r} is not one of {', '.join(FAULT_KINDS)}")
         with self._lock:
             self._scripted.extend([kind] * count)
+
+    def fail_marked(self, marker: bytes | str | None) -> None:
+        """Answer every chat request whose body carries `marker` with HTTP 502 (a request the
+        server cannot serve, whatever the retries); None: stop."""
+        self._marked = marker.encode() if isinstance(marker, str) else marker
 
     def hold(self, marker: bytes | str = b"") -> None:
         """Keep the chat requests whose body carries `marker` (b"": every one) in flight
@@ -456,6 +467,9 @@ class FakeLLMServer:
 
     async def _answer(self, request: web.Request, body: dict[str, Any], raw: bytes,
                       model: str) -> web.StreamResponse:
+        if self._marked is not None and self._marked in raw:
+            self.stats["fault:marked"] += 1
+            return _error(502, "upstream worker crashed", "InternalServerError")
         fault = self._fault()
         if fault is not None:
             self.stats[f"fault:{fault}"] += 1

@@ -688,6 +688,22 @@ MUTANTS: tuple[Mutant, ...] = (
          "server",),
     ),
     Mutant(
+        "pool-fails-a-poisoned-request", "producers/llm/pool.py",
+        "                            if refused > self._refusal_limit:\n",
+        "                            if False:\n",
+        "a request the servers fail while answering others fails its episode, not for ever",
+        ("tests/test_llm_pool.py::test_a_request_the_servers_cannot_serve_fails_its_episode_"
+         "while_others_pass",),
+    ),
+    Mutant(
+        "policy-warns-of-endless-aborts", "producers/policies/openai.py",
+        "        if not warned and now - since >= ABORT_WARN_S:\n",
+        "        if False:\n",
+        "a server that aborts every turn for long is warned about",
+        ("tests/test_llm_policy.py::test_a_server_that_keeps_aborting_turns_is_warned_about_"
+         "once",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

@@ -444,3 +444,57 @@ def test_an_episode_that_outgrows_the_context_window_ends_truncated_with_its_tur
               if "outgrew the model's context window" in rec.getMessage()]
     assert len(warned) == 1, warned
     assert sum(thread.producer.stats.context_full_by.values()) >= len(cut)
+
+
+def test_a_server_that_keeps_aborting_turns_is_warned_about_once(fake_llm, monkeypatch,
+                                                                  caplog) -> None:
+    """A server stuck loading weights answers every turn `finish_reason: abort`; the turns
+    were sent again ~5 times a second per env for ever with nothing logged above debug."""
+    import asyncio
+
+    from llm_helpers import http
+
+    import producers.policies.openai as openai_policy
+    from producers.envs import build_env
+    from producers.policies import make_policy
+    from schemas.errors import TurnAborted
+
+    monkeypatch.setattr(openai_policy, "ABORT_WARN_S", 0.3)
+    server = fake_llm(load_time_s=600, during_load="abort")
+    import threading
+
+    def update() -> None:  # loads for 600 s: ends when the server stops at teardown
+        try:
+            http(f"{server.url}/update_weights_from_disk",
+                 {"model_path": "/ckpt/1", "weight_version": "1"}, timeout_s=30)
+        except OSError:
+            pass
+
+    threading.Thread(target=update, daemon=True).start()
+    config = two_tag_config([server.base_url])
+    env = build_env(config, "Lake")
+    obs, _ = env.reset(seed=5)
+    ctx = StepContext(env=env, seed=5, version=0, mode="train", group_id=0, episode_id=0,
+                      member=0, tag="Lake")
+    caplog.set_level("WARNING")
+
+    async def act() -> int:
+        policy = make_policy(config.policy)
+        await policy.start()
+        aborted = 0
+        try:
+            started = asyncio.get_running_loop().time()
+            while asyncio.get_running_loop().time() - started < 0.8:
+                with pytest.raises(TurnAborted):
+                    await policy.act(obs, ctx)
+                aborted += 1
+                await asyncio.sleep(0.05)
+        finally:
+            await policy.close()
+        return aborted
+
+    wait_for(lambda: server.loading, 10, what="the update loading")
+    aborted = asyncio.run(act())
+    warned = [r.getMessage() for r in caplog.records if "has aborted every turn" in r.getMessage()]
+    assert aborted >= 5 and len(warned) == 1, (aborted, warned)
+    assert server.base_url in warned[0]

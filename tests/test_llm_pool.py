@@ -118,6 +118,46 @@ def test_a_hung_server_is_set_aside_so_later_turns_do_not_wait_on_it(
     assert f"model server {hung.base_url} is down (no answer within 0.4s)" in caplog.text
 
 
+def test_a_request_the_servers_cannot_serve_fails_its_episode_while_others_pass(
+        fake_llm) -> None:
+    """A 502 for one request alone (a prompt that crashes a worker) was retried for ever and
+    kept setting the servers aside for every request. Past every server's retry budget, while
+    the servers answer others, it fails its episode; the others are served."""
+    a, b = fake_llm(), fake_llm()
+    for server in (a, b):
+        server.fail_marked("POISON")
+    poison = BODY.replace(b"hi", b"POISON")
+
+    async def scenario(pool: ServerPool) -> tuple[BaseException | None, int]:
+        async def others() -> int:
+            done = 0
+            while not bad.done():
+                await pool.chat(BODY)
+                done += 1
+                await asyncio.sleep(0.01)
+            return done
+
+        bad = asyncio.ensure_future(pool.chat(poison))
+        served = await asyncio.wait_for(others(), 30)
+        return bad.exception(), served
+
+    error, served = run_pool([a.base_url, b.base_url], scenario, max_retries=1)
+    assert isinstance(error, EpisodeFailed) and "a request they cannot serve" in str(error)
+    assert "HTTP 502: upstream worker crashed" in str(error)
+    # (1 + 1) x 2 counted, then one more; the first may come before any other was answered
+    assert 5 <= a.stats["fault:marked"] + b.stats["fault:marked"] <= 7
+    assert served > 0
+
+
+def test_an_outage_is_waited_out_not_failed(fake_llm) -> None:
+    """Every request failing (nothing answered meanwhile) is an outage, not a bad request:
+    the request waits for the server, however many errors it gets."""
+    a = fake_llm()
+    a.fail_next("500", 4)  # past the budget of (1 + 1) x 1
+    answer = run_pool([a.base_url], lambda pool: pool.chat(BODY), max_retries=1)
+    assert answer.attempts == 5
+
+
 def wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():

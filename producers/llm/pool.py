@@ -4,7 +4,10 @@
 flight and returns its JSON answer with the server and latency. What can pass is retried and
 what cannot is raised:
 - a connection error, a 5xx, 408 or 429: retried on the same server with capped backoff, up
-  to `max_retries` times, then the server is marked down and another one is used;
+  to `max_retries` times, then the server is marked down and another one is used; a request
+  answered 500 or 502 more often than every server's retry budget while the servers answer
+  other requests is one they cannot serve: `EpisodeFailed` (an outage, where nothing is
+  answered, is waited out instead; 503, 504 and 429 say the server is busy, not the request);
 - a timeout (`timeout_s`): when another server is up, this one is marked down (a server
   that hung once is likely still hung: every later turn would wait out the timeout on it
   first) and the turn goes to another at once; else as above;
@@ -105,10 +108,12 @@ class _Transient(Exception):
     """A failure worth retrying; `timeout` when the server did not answer in time, `lost` when
     it lost the weights it was recorded with (not worth retrying there)."""
 
-    def __init__(self, message: str, *, timeout: bool = False, lost: bool = False):
+    def __init__(self, message: str, *, timeout: bool = False, lost: bool = False,
+                 status: int | None = None):
         super().__init__(message)
         self.timeout = timeout
         self.lost = lost
+        self.status = status  # the HTTP status of an error answer
 
 
 class ServerPool:
@@ -136,6 +141,7 @@ class ServerPool:
         self._session: aiohttp.ClientSession | None = None
         self._changed: asyncio.Event | None = None  # set when a server comes back
         self._run_loads = False  # some server of the run has SGLang weights recorded
+        self.answered = 0  # requests answered so far (all servers)
         self._all_down = False
         self._turn = 0  # rotates ties between equally loaded servers
 
@@ -254,24 +260,40 @@ class ServerPool:
         async with self._slots:
             server = await self._pick(avoid=None, min_version=min_version)
             probe = server.down  # a down server is handed out only to the request trying it
-            tries = attempts = 0
+            tries = attempts = refused = 0
+            answered_at = self.answered
             try:
                 while True:
                     attempts += 1
                     try:
                         data, latency_s, version = await self._post(server, body)
                     except _Transient as exc:
+                        if exc.status in (500, 502) and self.answered > answered_at:
+                            refused += 1  # failed while the servers answer other requests
+                            if refused > self._refusal_limit:
+                                raise self._poisoned(refused, exc) from None
                         server, tries = await self._after_failure(server, probe, tries, exc,
                                                                   min_version)
                         probe = server.down
                         continue
                     self._mark_up(server)
                     server.served += 1
+                    self.answered += 1
                     return Answer(data, server, latency_s, attempts, version)
             except BaseException:
                 if probe:
                     server.probing = False  # cancelled or refused while trying it
                 raise
+
+    @property
+    def _refusal_limit(self) -> int:
+        """Error answers one request may get while the servers answer others: every server's
+        full retry budget."""
+        return (self.max_retries + 1) * len(self.servers)
+
+    def _poisoned(self, refused: int, exc: _Transient) -> EpisodeFailed:
+        return EpisodeFailed(f"the model servers failed this request {refused} times while "
+                             f"answering others (last: {exc}): a request they cannot serve")
 
     async def _post(self, server: Server, body: bytes
                     ) -> tuple[dict[str, Any], float, int | None]:
@@ -300,7 +322,7 @@ class ServerPool:
         latency_s = time.perf_counter() - t0
         if status >= 500 or status in TRANSIENT_4XX:
             metrics.llm_error(server.base_url, "http_5xx" if status >= 500 else f"http_{status}")
-            raise _Transient(f"HTTP {status}: {_message(raw)}")
+            raise _Transient(f"HTTP {status}: {_message(raw)}", status=status)
         if status == 404 and model is not None:  # restarted: the adapter is gone
             metrics.llm_error(server.base_url, "lost_weights")
             raise _Transient(f"it does not have {model!r} (HTTP 404): unloaded, or the server "

@@ -31,10 +31,12 @@ import asyncio
 import gc
 import logging
 import os
+import time
 from typing import Any
 
 from redis.exceptions import RedisError
 
+from producers import metrics
 from producers.policies import PolicyContext, StepContext, Turn
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
 from schemas.errors import PolicyError, TurnAborted
@@ -48,6 +50,7 @@ logger = logging.getLogger(__name__)
 GC_GEN0_THRESHOLD = 50_000
 _DEFAULT_PROMPT = AgentPrompt(DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE)  # an env
 # built without `build_env` (no tag)
+ABORT_WARN_S = 30.0  # a server that has aborted every turn this long is warned about
 SERVERS_POLL_S = 1.0  # `{RUN}:servers` is read at least this often (and on a version change)
 
 
@@ -72,6 +75,8 @@ class OpenAIPolicy:
         self._reading: asyncio.Future[None] | None = None  # the read of it under way
         self._follower: asyncio.Task[None] | None = None
         self._bad_records: set[str] = set()  # unreadable `{RUN}:servers` fields, warned once
+        # server -> (first abort of the streak, aborts since, warned): its turns keep aborting
+        self._aborting: dict[str, tuple[float, int, bool]] = {}
 
     async def start(self, context: PolicyContext | None = None) -> None:
         """Read the API key, open the HTTP session, check that a server serves the model,
@@ -137,12 +142,15 @@ class OpenAIPolicy:
             answer = await self.pool.chat(body, min_version=min_version)
             turn = chat.turn_from_answer(answer.data)
             if turn.finish_reason == "abort":  # SGLang, while it loads new weights
+                self._aborted(answer.server.base_url)
                 raise TurnAborted(f"model server {answer.server.base_url} aborted it")
         except BaseException:  # cut short, aborted or failed: no half turn stays behind
             del messages[-1]
             raise
         turn.server = answer.server.base_url
         turn.latency_s = answer.latency_s
+        if self._aborting:
+            self._aborting.pop(turn.server, None)
         if (turn.version is not None and answer.version is None
                 and turn.version > ctx.version + 1 and self._context is not None):
             # reported by a server the run has no record of, and ahead of any version the run
@@ -158,6 +166,21 @@ class OpenAIPolicy:
         parse = getattr(env, "parse_action", None)
         action = parse(turn.text) if parse is not None else None
         return (-1 if action is None else action), turn
+
+    def _aborted(self, server: str) -> None:
+        """One more turn `server` aborted; one warning once it has aborted every turn for
+        `ABORT_WARN_S` (a weight load takes seconds: a server aborting for longer is stuck
+        loading, or aborts everything)."""
+        metrics.llm_error(server, "aborted")
+        now = time.monotonic()
+        since, count, warned = self._aborting.get(server, (now, 0, False))
+        count += 1
+        if not warned and now - since >= ABORT_WARN_S:
+            warned = True
+            logger.warning("model server %s has aborted every turn for %.0fs (%d turns, "
+                           "finish_reason abort): still loading weights, or refusing work; "
+                           "the turns are sent again", server, now - since, count)
+        self._aborting[server] = (since, count, warned)
 
     # -- the versions the servers hold ---------------------------------------------------
     async def _read_servers_at(self, version: int) -> None:
