@@ -244,6 +244,16 @@ def test_the_start_check(fake_llm) -> None:
     run_pool([secured.base_url], lambda pool: pool.check_model(MODEL), api_key="k")
 
 
+def test_a_base_url_without_v1_is_named_as_such_not_as_an_unknown_model(fake_llm) -> None:
+    a = fake_llm()
+    root = a.base_url.removesuffix("/v1")
+    with pytest.raises(PolicyError) as info:
+        run_pool([root], lambda pool: pool.check_model(MODEL))
+    assert str(info.value) == (f"no model server lists its models: {root} answered 404 for "
+                               f"/models; is the base URL missing its /v1? (policy.base_urls; "
+                               f"model {MODEL!r})")
+
+
 def test_the_start_check_waits_for_servers_that_are_down(fake_llm) -> None:
     a = fake_llm()
     a.stop()

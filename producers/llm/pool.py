@@ -142,6 +142,7 @@ class ServerPool:
         self._changed: asyncio.Event | None = None  # set when a server comes back
         self._run_loads = False  # some server of the run has SGLang weights recorded
         self.answered = 0  # requests answered so far (all servers)
+        self._no_model_list: set[str] = set()  # servers that answered 404 for /models
         self._all_down = False
         self._turn = 0  # rotates ties between equally loaded servers
 
@@ -221,6 +222,11 @@ class ServerPool:
             await asyncio.sleep(wait_s)
             wait_s = min(wait_s * 2, self.cooldown_max_s)
         if not served:
+            no_list = [url for url in lacking if url in self._no_model_list]
+            if no_list:
+                raise PolicyError(f"no model server lists its models: {', '.join(no_list)} "
+                                  "answered 404 for /models; is the base URL missing its /v1? "
+                                  f"(policy.base_urls; model {model!r})")
             raise PolicyError(f"model {model!r} is unknown to every server "
                               f"({', '.join(lacking)})")
         if lacking:
@@ -246,6 +252,7 @@ class ServerPool:
         if status == 404:
             logger.warning("model server %s answered 404 for %s: is the base URL missing its "
                            "/v1?", server.base_url, server.models_url)
+            self._no_model_list.add(server.base_url)
             return set()
         try:
             return {str(card["id"]) for card in orjson.loads(raw)["data"]}
