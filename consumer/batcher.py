@@ -41,6 +41,7 @@ from schemas.errors import (
     DecodeError,
     NotReplicated,
     RunConflict,
+    RunStopped,
     StepExhausted,
     VersionConflict,
 )
@@ -504,11 +505,15 @@ class Batcher:
                 # (also the one look of a get_batch that may not wait)
                 self._read(state, block_ms=None)
             deliverable = self._deliverable(state, wanted)
+            stop_looked_at = 0.0
             while self._ready_count(state) < deliverable or self._awaits_publish(deliverable):
                 self._record_waiting(state, wanted, started)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise BatchTimeout(self._timeout_message(state, n, wanted, timeout_s))
+                if time.monotonic() - stop_looked_at >= LOOK_EVERY_S:
+                    stop_looked_at = time.monotonic()
+                    self._check_stopped(state)
                 if self._nothing_more(state):
                     deliverable = self._ready_count(state)
                     if not self._awaits_publish(deliverable):
@@ -521,6 +526,14 @@ class Batcher:
             if deliverable < wanted:
                 self._hand_out_short(state, wanted, deliverable)
             return self._hand_out(state, deliverable, time.monotonic() - started, deadline)
+
+    def _check_stopped(self, state: ModeState) -> None:
+        """`RunStopped` when an operator stopped the run (`rollstream stop`): its producers
+        exit, so a wait could only time out."""
+        if self.redis.exists(self.keys.stop):
+            raise RunStopped(f"run {self.keys.run!r} was stopped (rollstream stop) while "
+                             f"get_batch(mode={state.mode!r}) waited; a trainer started "
+                             "again resumes it")
 
     def ack(self, batch: Batch) -> None:
         """The trainer is done with `batch`: its entries are acked and deleted (retried through

@@ -126,6 +126,7 @@ class Producer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._stop_requested = False
+        self._signalled = False  # a SIGINT/SIGTERM came: the next one forces the stop
         self._main_task: asyncio.Task[None] | None = None
         self._deadline: float | None = None  # monotonic time `seconds` runs out
         self._live = 0  # live producers at the last heartbeat (0: not joined yet)
@@ -227,9 +228,11 @@ class Producer:
 
     def _on_signal(self, sig: int) -> None:
         assert self._stop is not None
-        if self._stop.is_set() and self._main_task is not None:
+        if self._signalled and self._main_task is not None:
             self._main_task.cancel()  # second signal: stop now
             return
+        # (a stop that came otherwise, `rollstream stop` or `seconds`, still ends cleanly)
+        self._signalled = True
         logger.info("producer %s: %s, stopping", self.producer_id, signal.Signals(sig).name)
         self._stop.set()
 

@@ -29,6 +29,7 @@ from schemas.errors import (
     ConfigError,
     ProducersExited,
     RollstreamError,
+    RunStopped,
     StepExhausted,
 )
 from schemas.redisconn import SyncClient, mask_url, sync_client
@@ -408,6 +409,16 @@ def train_session(client: SyncClient, opts: UpOptions, header: str, out: TextIO)
         steps = trainer_loop(batcher, opts, progress)
         progress.close()
         progress.note(f"done: {steps} steps")
+        return EXIT_OK
+    except (RunStopped, ProducersExited) as exc:
+        # an operator's `rollstream stop` ends the run: the producers exit 0, and whichever
+        # is seen first (the batcher's look at the stop key, or every producer gone) is a
+        # clean end, not a failure
+        if isinstance(exc, ProducersExited) and not client.exists(batcher.keys.stop):
+            raise
+        progress.close()
+        progress.note(f"run {opts.run!r} was stopped (rollstream stop); the trainer ends "
+                      "(a trainer started again resumes it)")
         return EXIT_OK
     except KeyboardInterrupt:
         progress.close()

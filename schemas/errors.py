@@ -19,6 +19,11 @@ class BatchTimeout(RollstreamError, TimeoutError):
     """`get_batch` ran out of time; the message says what it was waiting for."""
 
 
+class RunStopped(RollstreamError):
+    """The run was stopped (`rollstream stop`) while `get_batch` waited: its producers exit
+    and nothing more comes. A trainer started again resumes the run."""
+
+
 class StepExhausted(BatchTimeout):
     """Sync mode: every group of this step was handed out or dropped (a member failed), so
     no batch can come before `publish_version` moves the run to the next step (raised at

@@ -704,6 +704,21 @@ MUTANTS: tuple[Mutant, ...] = (
          "once",),
     ),
     Mutant(
+        "batcher-sees-the-stop", "consumer/batcher.py",
+        "        if self.redis.exists(self.keys.stop):\n",
+        "        if False:\n",
+        "a get_batch waiting on a stopped run raises RunStopped instead of timing out",
+        ("tests/test_cli_admin.py::test_a_waiting_get_batch_raises_run_stopped_when_the_run_is_"
+         "stopped",),
+    ),
+    Mutant(
+        "up-ends-at-a-stop", "rollstream/launcher.py",
+        "        if isinstance(exc, ProducersExited) and not client.exists(batcher.keys.stop):\n",
+        "        if isinstance(exc, ProducersExited):\n",
+        "rollstream up ends with 0 when its producers exit because the run was stopped",
+        ("tests/test_cli_admin.py::test_rollstream_stop_ends_train_and_up_with_exit_0[up]",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

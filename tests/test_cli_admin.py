@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -136,3 +137,51 @@ def test_train_restarted_between_an_ack_and_its_publish_goes_on(r, run, redis_ur
     assert out.returncode == 0, out.stderr
     assert "no group can complete any more" in out.stderr
     assert int(r.get(Keys(run).version)) == 2  # the publish it missed, then its own step
+
+
+@pytest.mark.parametrize("command", ["train", "up"])
+def test_rollstream_stop_ends_train_and_up_with_exit_0(r, run, redis_url, tmp_path,
+                                                       producer_process, command):
+    """`rollstream stop` is how a run ends: `train` waited out its whole --timeout-s for a
+    batch (the producers had exited) and exited 1 with a BatchTimeout; `up` exited 1 saying
+    every producer exited. Both end at once with 0 and a line that says the run was stopped."""
+    config = small_config()
+    path = tmp_path / "sync.yaml"
+    path.write_text(config.to_json())
+    args = ["--config", str(path), "--redis-url", redis_url, "--run", run, "--timeout-s",
+            "120", "--train-step-s", "0.2"]
+    if command == "train":
+        producer_process()
+    else:
+        args += ["--producers", "1"]
+    trainer = subprocess.Popen([sys.executable, "-m", "rollstream", command, *args], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while int(r.get(Keys(run).version) or 0) < 2:  # steps are being trained
+            assert trainer.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        assert cli("stop", "--redis-url", redis_url, "--run", run).returncode == 0
+        stopped = time.monotonic()
+        out, _ = trainer.communicate(timeout=60)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.communicate()
+    assert time.monotonic() - stopped < 15
+    assert trainer.returncode == 0, out
+    assert f"run '{run}' was stopped (rollstream stop)" in out, out
+    assert "Traceback" not in out
+
+
+def test_a_waiting_get_batch_raises_run_stopped_when_the_run_is_stopped(r, run, redis_url):
+    from schemas.errors import RunStopped
+
+    batcher = Batcher(r, small_config(), run=run)
+    timer = threading.Timer(0.5, lambda: cli("stop", "--redis-url", redis_url, "--run", run))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(RunStopped, match="was stopped \\(rollstream stop\\) while get_batch"):
+        batcher.get_batch("train", timeout_s=20)
+    timer.join()
+    assert time.monotonic() - started < 10

@@ -237,3 +237,27 @@ def test_a_producer_process_collects_garbage_rarely():
             "assert gc.get_threshold() == GC_THRESHOLD, gc.get_threshold(); "
             "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_sigterm_after_a_run_stop_is_the_first_signal_not_a_forced_stop() -> None:
+    """A producer already ending because the run was stopped (`rollstream stop`) took the
+    SIGTERM `rollstream up` sends its producers as the second signal: a forced stop, exit 1
+    ("producers exited with [1]"). Only a second signal forces."""
+    import asyncio
+    import signal as signals
+
+    from producers.producer import Producer
+
+    async def scenario() -> tuple[bool, bool]:
+        producer = Producer("redis://127.0.0.1:1/0", "r", handle_signals=False)
+        producer._stop = asyncio.Event()
+        producer._stop.set()  # what the run's stop did
+        producer._main_task = asyncio.ensure_future(asyncio.sleep(10))
+        producer._on_signal(signals.SIGTERM)
+        await asyncio.sleep(0)
+        first = producer._main_task.cancelled()
+        producer._on_signal(signals.SIGTERM)
+        await asyncio.sleep(0)
+        return first, producer._main_task.cancelled()
+
+    assert asyncio.run(scenario()) == (False, True)
