@@ -45,6 +45,7 @@ from schemas.errors import (
     StepExhausted,
     VersionConflict,
 )
+from schemas.keys import BATCHER_CLOSED as CLOSED
 from schemas.keys import CONSUMER_GROUP, Keys
 from schemas.liveness import live_producers
 from schemas.protocol import Schedule
@@ -68,7 +69,6 @@ WEIGHTS_KEPT = 3  # the last weights published that stay in Redis (versions with
 MAX_WEIGHTS_BYTES = 64 * 2**20  # a Redis value is no place for a real checkpoint
 STATE_EVERY_S = 1.0  # a waiting get_batch refreshes its state record this often
 LOOK_EVERY_S = 1.0  # a waiting train get_batch looks this often whether more can come
-CLOSED = b"closed"  # a batcher's liveness key after close(): its entries are claimable
 
 # Version v is published only over v - 1; publishing v again is a no-op (a retry whose reply
 # was lost), anything else is a conflict. Weights land in the same atomic step.

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from schemas.config import RolloutConfig, resolve_redis_url, resolve_run
 from schemas.errors import ConfigError, RedisSetupError, RollstreamError
-from schemas.keys import Keys
+from schemas.keys import BATCHER_CLOSED, Keys
 from schemas.liveness import live_producers
 from schemas.policy import PythonPolicyConfig
 from schemas.redisconn import (
@@ -545,8 +545,17 @@ def _reset(client: SyncClient, keys: Keys, yes: bool) -> int:
     client.set(keys.stop, 1)
     publish(client, keys.control, b"stop")
     deadline = time.monotonic() + ttl_s + 2.0
-    while live_producers(client, keys) and time.monotonic() < deadline:
+    # a trainer waiting in get_batch ends at the stop (RunStopped); one that goes on would
+    # put the run back (it restores a run whose keys are gone), so it must be gone first
+    while (live_producers(client, keys) or _live_batchers(client, keys)) \
+            and time.monotonic() < deadline:
         time.sleep(0.1)
+    trainers = _live_batchers(client, keys)
+    if trainers:
+        print(f"error: run {keys.run}: not reset: a trainer still runs (batcher "
+              f"{', '.join(trainers)}), and it would put the run back; the run is stopped: "
+              "end the trainer, then reset again", file=sys.stderr)
+        return 1
     left = len(live_producers(client, keys))
     deleted = 0
     names = list(client.scan_iter(match=keys.pattern(), count=1000))
@@ -555,6 +564,15 @@ def _reset(client: SyncClient, keys: Keys, yes: bool) -> int:
     note = f"; {left} producer(s) did not leave in time" if left else ""
     print(f"run {keys.run}: reset, {deleted} keys deleted{note}")
     return 0
+
+
+def _live_batchers(client: SyncClient, keys: Keys) -> list[str]:
+    """The batchers (by their state records) whose liveness key is fresh: not missing, not
+    `closed`."""
+    consumers = sorted(_text(name) for name in client.hkeys(keys.batchers))
+    values = [client.get(keys.batcher_alive(consumer)) for consumer in consumers]
+    return [consumer for consumer, value in zip(consumers, values, strict=True)
+            if value is not None and value != BATCHER_CLOSED]
 
 
 def _status(client: SyncClient, keys: Keys, config: RolloutConfig,

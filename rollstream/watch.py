@@ -17,7 +17,7 @@ records, which count since their previous record, so one snapshot shows them.
                       "shards_without_live_producer": [int], "entries", "backlog", "pending",
                       "tags": {TAG: {"envs", "envs_running", "episodes_per_s", "success",
                                      "mean_actions", "committed"}}}},
-     "batchers": [{"consumer", "state": waiting|handed|timed_out|gone, "mode", "waiting_s",
+     "batchers": [{"consumer", "state": waiting|handed|timed_out|closed|gone, "mode", "waiting_s",
                    "wanted", "complete", "partial", "version", "batches", "delivered"}],
      "dropped": {"stale", "late", "failed_groups", "val_discarded", "dead_letters"},
      "redis": {"used_mb", "peak_mb", "maxmemory_mb", "limit_mb"},
@@ -37,7 +37,7 @@ from typing import Any, TextIO
 
 from schemas.config import RolloutConfig
 from schemas.errors import DecodeError
-from schemas.keys import CONSUMER_GROUP, Keys
+from schemas.keys import BATCHER_CLOSED, CONSUMER_GROUP, Keys
 from schemas.policy import read_server_record
 from schemas.redisconn import SyncClient, server_ms
 from schemas.stats import BatcherRecord, ProducerRecord
@@ -82,7 +82,7 @@ def snapshot(client: SyncClient, keys: Keys, config: RolloutConfig,
     }
     snap["producers"] = _producers(records, beats, dict(raw["seen"]), live, owners, now_ms)
     snap["modes"] = _modes(config, raw, owners, live, records)
-    snap["batchers"] = _batchers(raw["batchers"])
+    snap["batchers"] = _batchers(raw["batchers"], raw["alive"])
     snap["dropped"] = _dropped(raw["batchers"], raw["dead"])
     snap["redis"] = _redis_memory(raw["memory"], limits)
     snap["model_servers"] = _model_servers(raw["servers"], records, live)
@@ -116,6 +116,9 @@ def _read(client: SyncClient, keys: Keys, config: RolloutConfig) -> dict[str, An
         for g in range(manager.num_env_groups):
             pipe.xlen(keys.stream(mode, g))
             pipe.xpending(keys.stream(mode, g), CONSUMER_GROUP)
+    consumers = [_text(name) for name in raw["batchers"]]
+    for consumer in consumers:  # each batcher's liveness key: is its process alive?
+        pipe.get(keys.batcher_alive(consumer))
     replies = iter(pipe.execute(raise_on_error=False))
     raw["owners"], raw["streams"] = {}, {}
     for mode in config.modes():
@@ -128,6 +131,7 @@ def _read(client: SyncClient, keys: Keys, config: RolloutConfig) -> dict[str, An
             entries += length if isinstance(length, int) else 0
             pending += int(info.get("pending") or 0) if isinstance(info, dict) else 0
         raw["streams"][mode] = (entries, pending)
+    raw["alive"] = {consumer: next(replies) for consumer in consumers}
     raw["memory"] = client.info("memory")
     return raw
 
@@ -245,12 +249,20 @@ def _batcher_records(raw: dict[Any, bytes]) -> list[BatcherRecord]:
     return sorted(out, key=lambda r: r.consumer)
 
 
-def _batchers(raw: dict[Any, bytes]) -> list[dict[str, Any]]:
+def _batchers(raw: dict[Any, bytes], alive: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each batcher's record; `gone` when its record is past its ttl or its liveness key is
+    missing (the trainer's process died), `closed` when the key says it closed."""
     now = time.time()
     out = []
     for record in _batcher_records(raw):
         since = max(0.0, now - record.updated_at)
-        state = "gone" if since > record.ttl_s else record.state
+        key = alive.get(record.consumer)
+        if key == BATCHER_CLOSED:
+            state = "closed"
+        elif since > record.ttl_s or not isinstance(key, bytes):
+            state = "gone"
+        else:
+            state = record.state
         waited = record.waited_s + since if state == "waiting" else record.waited_s
         out.append({
             "consumer": record.consumer, "state": state, "mode": record.mode,
@@ -321,6 +333,11 @@ def warnings(snap: dict[str, Any], limits: Limits) -> list[str]:
     for batcher in snap["batchers"]:
         if batcher["state"] == "waiting" and batcher["waiting_s"] > limits.wait_warn_s:
             out.append(_wait_warning(batcher, snap))
+        if batcher["state"] == "gone" and not snap["stopped"]:
+            held = " (the run stays paused until a trainer asks again)" \
+                if "sync" in snap["pause"] else ""
+            out.append(f"batcher {batcher['consumer']} is gone: its trainer died{held}; a "
+                       "trainer started again gets its unacked batch again")
     for server in snap["model_servers"]:
         if server["set_aside"]:
             why = sorted(set(server["set_aside"].values()))
@@ -457,7 +474,9 @@ def _batcher_state(b: dict[str, Any]) -> str:
         return f"handed out a {b['mode']} batch (waited {b['waiting_s']:.2f}s)"
     if b["state"] == "timed_out":
         return f"timed out waiting {b['waiting_s']:.1f}s for a {b['mode']} batch"
-    return "gone (no update within its ttl)"
+    if b["state"] == "closed":
+        return "closed (its trainer ended)"
+    return "gone (its liveness key expired: the trainer's process died)"
 
 
 def _num(value: float | None) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from schemas.errors import ConfigError
 
 CONSUMER_GROUP = "batcher"  # the consumer group on every trajectory stream
+BATCHER_CLOSED = b"closed"  # a batcher's liveness key after close(): its entries are claimable
 MODES = ("train", "val")
 
 

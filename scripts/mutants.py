@@ -719,6 +719,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_cli_admin.py::test_rollstream_stop_ends_train_and_up_with_exit_0[up]",),
     ),
     Mutant(
+        "status-reads-batcher-liveness", "rollstream/watch.py",
+        "        elif since > record.ttl_s or not isinstance(key, bytes):\n",
+        "        elif since > record.ttl_s:\n",
+        "status shows a trainer whose process died as gone (its liveness key), with a warning",
+        ("tests/test_watch.py::test_status_shows_a_killed_trainer_as_gone_and_a_closed_one_as_"
+         "closed",),
+    ),
+    Mutant(
+        "reset-waits-for-trainers", "rollstream/cli.py",
+        "    trainers = _live_batchers(client, keys)\n",
+        "    trainers: list[str] = []\n",
+        "reset refuses while a trainer that would put the run back is alive",
+        ("tests/test_cli_admin.py::test_reset_refuses_while_a_trainer_that_does_not_wait_is_"
+         "alive",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

@@ -185,3 +185,50 @@ def test_a_waiting_get_batch_raises_run_stopped_when_the_run_is_stopped(r, run, 
         batcher.get_batch("train", timeout_s=20)
     timer.join()
     assert time.monotonic() - started < 10
+
+
+def test_reset_ends_a_waiting_trainer_and_the_run_stays_gone(r, run, redis_url, tmp_path,
+                                                             producer_process):
+    """`reset --yes` under a running `rollstream train` said "reset" and within a second the
+    trainer had put the run back (restoring config, version and streams). The trainer now
+    ends at the stop and the run stays deleted."""
+    config = small_config()
+    path = tmp_path / "sync.yaml"
+    path.write_text(config.to_json())
+    producer_process()
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "rollstream", "train", "--config", str(path), "--redis-url",
+         redis_url, "--run", run, "--train-step-s", "0.2", "--timeout-s", "120"], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while int(r.get(Keys(run).version) or 0) < 2:
+            assert trainer.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        out = cli("reset", "--yes", "--redis-url", redis_url, "--run", run)
+        assert out.returncode == 0 and "reset," in out.stdout, out.stdout + out.stderr
+        trainer.communicate(timeout=30)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.communicate()
+    assert trainer.returncode == 0
+    time.sleep(1.0)
+    assert list(r.scan_iter(match=Keys(run).pattern())) == []
+
+
+def test_reset_refuses_while_a_trainer_that_does_not_wait_is_alive(r, run, redis_url,
+                                                                   producer_thread):
+    config = small_config()
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    batcher.get_batch("train", timeout_s=30)  # and now it trains, its liveness key fresh
+    out = cli("reset", "--yes", "--redis-url", redis_url, "--run", run)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stderr.strip() == (f"error: run {run}: not reset: a trainer still runs "
+                                  "(batcher batcher-0), and it would put the run back; the "
+                                  "run is stopped: end the trainer, then reset again")
+    assert r.exists(Keys(run).config) and r.exists(Keys(run).stop)
+    batcher.close()
+    out = cli("reset", "--yes", "--redis-url", redis_url, "--run", run)
+    assert out.returncode == 0, out.stdout + out.stderr

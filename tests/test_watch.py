@@ -197,3 +197,45 @@ def test_the_weight_version_each_model_server_holds_is_shown(r, run):
     (warning,) = [w for w in snapshot(r, keys, config)["warnings"] if "model server" in w]
     assert warning.startswith(f"model server {urls[0]} holds weight version 1, 1 behind the "
                               "run's 2 (staleness bound 0)")
+
+
+def test_status_shows_a_killed_trainer_as_gone_and_a_closed_one_as_closed(r, run, redis_url,
+                                                                          producer_thread):
+    """A SIGKILLed trainer's last record said `handed` for ten minutes with no warning while
+    the sync run sat paused. Its liveness key is read now: gone, with a warning."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    config = small_config()  # sync
+    Batcher(r, config, run=run)
+    producer_thread()
+    script = ("import sys, time; sys.path.insert(0, 'tests')\n"
+              "from helpers import small_config\nfrom consumer import Batcher\n"
+              f"b = Batcher({redis_url!r}, small_config(), run={run!r}, alive_ttl_ms=1000)\n"
+              "b.get_batch('train', timeout_s=30)\nprint('handed', flush=True)\n"
+              "time.sleep(60)\n")
+    trainer = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert trainer.stdout.readline().strip() == "handed"
+        keys = Keys(run)
+        assert snapshot(r, keys, config)["batchers"][0]["state"] == "handed"
+        trainer.kill()
+        trainer.wait(10)
+        snap = wait_for(lambda: (s := snapshot(r, keys, config))["batchers"][0]["state"]
+                        == "gone" and s, timeout_s=10)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+        trainer.communicate()
+    assert any(w.startswith("batcher batcher-0 is gone: its trainer died (the run stays "
+                            "paused until a trainer asks again)") for w in snap["warnings"])
+    assert "gone (its liveness key expired" in render_text(snap)
+    again = Batcher(r, config, run=run)
+    again.get_batch("train", timeout_s=30)
+    again.close()
+    snap = snapshot(r, keys, config)
+    assert snap["batchers"][0]["state"] == "closed"
+    assert not any("is gone" in w for w in snap["warnings"])
