@@ -165,6 +165,7 @@ class Progress:
 
     out: TextIO
     live: bool = False
+    keep: bool = True  # keep every step's point (for the plot; off: nothing grows per step)
     train: list[StepPoint] = field(default_factory=list)
     val: list[StepPoint] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
@@ -173,9 +174,9 @@ class Progress:
     _drawn: bool = False
 
     @classmethod
-    def to(cls, out: TextIO) -> Progress:
+    def to(cls, out: TextIO, keep: bool = True) -> Progress:
         isatty = getattr(out, "isatty", None)
-        return cls(out, live=bool(isatty and isatty()))
+        return cls(out, live=bool(isatty and isatty()), keep=keep)
 
     def note(self, line: str) -> None:
         """A line that stays (the header, a val result, the end)."""
@@ -187,11 +188,13 @@ class Progress:
         point = StepPoint(step, batch.metrics["time/get_batch_cost"],
                           len(batch) / max(1e-9, now - self._last), _success(batch))
         if batch.mode == "val":
-            self.val.append(point)
+            if self.keep:
+                self.val.append(point)
             self.note(format_step(label, batch))
             return
         self._last = now
-        self.train.append(point)
+        if self.keep:
+            self.train.append(point)
         self.delivered += len(batch)
         if not self.live:
             print(format_step(label, batch), file=self.out, flush=True)
@@ -403,7 +406,7 @@ def train_session(client: SyncClient, opts: UpOptions, header: str, out: TextIO)
     batcher = Batcher(client, opts.config, run=opts.run)
     metrics = (None if opts.metrics_port is None
                else batcher.serve_metrics(opts.metrics_port, opts.metrics_addr))
-    progress = Progress.to(out)
+    progress = Progress.to(out, keep=bool(opts.plot))  # the points only the plot reads
     try:
         progress.note(header)
         steps = trainer_loop(batcher, opts, progress)

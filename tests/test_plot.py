@@ -107,3 +107,31 @@ def test_a_plot_into_a_missing_folder_is_refused_before_the_run(tmp_path):
               "--plot", str(tmp_path / "no" / "such" / "run.png"))
     assert out.returncode == 2
     assert "--plot" in out.stderr and "does not exist or is not writable" in out.stderr
+
+
+def test_progress_keeps_no_point_per_step_unless_a_plot_wants_them() -> None:
+    """`rollstream train` (compose's trainer) kept ~400 bytes per step for a plot nobody
+    asked for: it grew without bound over a long run."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    batch = SimpleNamespace(mode="train", version=1, metrics={
+        "time/get_batch_cost": 0.1, "env/FrozenLake/success": 0.5}, num_actions=np.ones(4),
+        scores=np.zeros(4))
+    for keep in (False, True):
+        progress = Progress(out=io.StringIO(), keep=keep)
+        for step in range(3):
+            progress.batch(f"step {step}", step, _Sized(batch))
+        assert len(progress.train) == (3 if keep else 0)
+
+
+class _Sized:
+    def __init__(self, inner: object):
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def __len__(self) -> int:
+        return 4
