@@ -155,6 +155,7 @@ def run_a_steps(cluster: LocalCluster, url: str, run_a: str, path: str, batcher:
     assert checked.returncode == 0, checked.stderr
     assert f"slot {slot} on node {entry.name} (0 replicas online)" in checked.stdout
 
+    batcher.close()  # the trainer ends first: a live one would put the run back
     reset = cli("reset", "--yes", "--redis-url", url, "--run", run_a)
     assert reset.returncode == 0, reset.stderr
     thread.thread.join(30)
