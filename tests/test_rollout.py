@@ -695,23 +695,6 @@ def test_fair_share_leaves_no_shard_to_nobody():
     assert fair_share(3, [None] * 8, None) == 1
 
 
-def test_a_short_ttl_heartbeat_keeps_a_long_ttl_producer(r, run, redis_url):
-    """Producers left on an old config may run another lease ttl: one with 0.2 s pruned the
-    heartbeat of one with 2 s that beats every 0.67 s, which then showed as gone and made
-    the live count (and every fair share) flicker."""
-    async def beats() -> None:
-        client = await async_client(redis_url)
-        slow = Leases(client, Keys(run), "slow", ttl_s=2.0)
-        fast = Leases(client, Keys(run), "fast", ttl_s=0.2)
-        await slow.heartbeat([])
-        await asyncio.sleep(0.5)
-        await fast.heartbeat([])
-        await client.aclose()
-
-    asyncio.run(beats())
-    assert set(live_producers(r, Keys(run))) == {"slow", "fast"}
-
-
 def test_a_long_ttl_producer_is_live_between_its_beats_whatever_ttl_the_reader_has(r, run,
                                                                                   redis_url):
     """Liveness by each producer's own ttl: a producer on 2 s that beat 0.6 s ago is live for
