@@ -264,6 +264,8 @@ def batch_metrics(
         metrics["rollout/score/min"] = float(scores.min())
         metrics["scheduler/staleness/mean"] = float(staleness.mean())
         metrics["scheduler/staleness/max"] = float(staleness.max())
+        # ended by the model's context window (truncated with the turns that fit)
+        metrics["rollout/context_full"] = float(sum(1 for t in trajs if "context_full" in t))
     metrics["time/get_batch_cost"] = wait_s
     metrics.update(counters)
     return metrics

@@ -20,7 +20,7 @@ import numpy as np
 from producers.control import ControlState
 from producers.policies import Policy, StepContext, Turn
 from schemas.codec import SCHEMA_VERSION, traj_ids
-from schemas.errors import ContextFull, PolicyError, TurnAborted
+from schemas.errors import ContextFull, EpisodeFailed, PolicyError, TurnAborted
 from schemas.seeding import episode_seed
 
 logger = logging.getLogger(__name__)
@@ -196,6 +196,10 @@ async def play_episode(
             if chosen is None:
                 chosen = await _act(policy, observation, ctx, inflight, must_stop)
         except ContextFull as exc:  # the conversation outgrew the model: ends truncated
+            if not steps:  # not even the first turn fits: nothing to train on
+                raise EpisodeFailed(f"the first prompt does not fit the model's context "
+                                    f"window ({exc}): lower max_tokens or shorten the "
+                                    "prompt, or raise the server's max_model_len") from None
             policy_s += clock() - t0
             truncated = True
             context_full = str(exc)

@@ -735,6 +735,14 @@ MUTANTS: tuple[Mutant, ...] = (
          "alive",),
     ),
     Mutant(
+        "pool-waits-out-an-outage", "producers/llm/pool.py",
+        "                        if exc.status in (500, 502) and server.served > before:\n",
+        "                        if exc.status in (500, 502) and server.served > 0:\n",
+        "an outage that starts while other requests finish is waited out, not failed",
+        ("tests/test_llm_pool.py::test_an_outage_that_starts_while_others_finish_is_waited_"
+         "out",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

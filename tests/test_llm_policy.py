@@ -435,6 +435,7 @@ def test_an_episode_that_outgrows_the_context_window_ends_truncated_with_its_tur
     batch = batcher.get_batch(timeout_s=30)
     assert batch.metrics["scheduler/failed_groups"] == 0 and len(batch) == 16
     cut = [t for t in batch.trajectories if t.get("context_full")]
+    assert batch.metrics["rollout/context_full"] == len(cut)
     assert cut and tight.stats["context_overflow"] >= len(cut)
     for traj in cut:
         assert traj["truncated"] and not traj["terminated"] and not traj["failed"]
@@ -498,3 +499,21 @@ def test_a_server_that_keeps_aborting_turns_is_warned_about_once(fake_llm, monke
     warned = [r.getMessage() for r in caplog.records if "has aborted every turn" in r.getMessage()]
     assert aborted >= 5 and len(warned) == 1, (aborted, warned)
     assert server.base_url in warned[0]
+
+
+def test_a_first_prompt_that_does_not_fit_fails_its_episode_loudly(
+        fake_llm, producer_thread, r: redis.Redis, run: str, caplog) -> None:
+    """A context window too small for even the first turn gave trajectories of 0 steps that
+    trained as a healthy-looking batch (empty token arrays). Such an episode fails, naming
+    the cause, and its group is dropped and counted."""
+    server = fake_llm(latency_s=0.001, max_model_len=80)
+    config = llm_config([server.base_url], rollout_batch_size=16)
+    batcher = Batcher(r, config, run=run)
+    caplog.set_level("WARNING")
+    producer_thread()
+    from schemas.errors import StepExhausted
+
+    with pytest.raises(StepExhausted):
+        batcher.get_batch(timeout_s=30)
+    assert "the first prompt does not fit the model's context window" in caplog.text
+    assert server.stats["completed"] == 0

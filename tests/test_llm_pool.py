@@ -310,3 +310,45 @@ def test_a_set_aside_server_is_tried_at_once_when_its_record_changes() -> None:
     server.retry_at = time.monotonic() + 60
     pool.set_versions({server.base_url: ServerRecord(3, "rollstream-v3")})  # no change
     assert server.retry_at > time.monotonic() + 30
+
+
+@pytest.mark.parametrize("body, overflow", [
+    ({"object": "error", "message": "This model's maximum context length is 4096 tokens. "
+      "However, you requested 4200 tokens (4136 in the messages, 64 in the completion).",
+      "type": "BadRequestError", "code": 400}, True),  # vLLM's frontend
+    ({"object": "error", "message": "The decoder prompt (length 5000) is longer than the "
+      "maximum model length of 4096. Make sure that `max_model_len` is no smaller than the "
+      "number of text tokens.", "type": "BadRequestError", "code": 400}, True),  # vLLM engine
+    ({"object": "error", "message": "The input (5000 tokens) is longer than the model's "
+      "context length (4096 tokens).", "type": "BadRequestError", "code": 400}, True),  # SGLang
+    ({"error": {"message": "Input tokens exceed the configured limit of 272000 tokens.",
+                "type": "invalid_request_error", "code": "context_length_exceeded"}}, True),
+    ({"object": "error", "message": "temperature must be non-negative",
+      "type": "BadRequestError", "code": 400}, False),
+])
+def test_context_overflow_is_read_from_every_servers_wording(body: dict, overflow: bool):
+    from producers.llm.pool import is_context_overflow
+
+    assert is_context_overflow(400, json.dumps(body).encode()) is overflow
+    assert is_context_overflow(500, json.dumps(body).encode()) is False
+
+
+def test_an_outage_that_starts_while_others_finish_is_waited_out(fake_llm) -> None:
+    """Every request answered 502 from a moment on, while requests sent before still finish:
+    those answers made every later error of a waiting request count against it, and an 8 s
+    router outage failed episodes within 0.1 s. Only answers since the request's previous
+    error on that server count now."""
+    a = fake_llm(latency_s=0.3)
+
+    async def scenario(pool: ServerPool) -> Any:
+        before = [asyncio.ensure_future(pool.chat(BODY)) for _ in range(4)]
+        await asyncio.sleep(0.1)
+        a.fail_marked(b"")  # from now on every request gets 502; the four in flight finish
+        waiting = asyncio.ensure_future(pool.chat(BODY.replace(b"hi", b"later")))
+        await asyncio.gather(*before)
+        await asyncio.sleep(2.0)
+        a.fail_marked(None)  # the outage is over
+        return await waiting
+
+    answer = run_pool([a.base_url], scenario, max_retries=1)
+    assert answer.attempts >= 4 and a.stats["fault:marked"] >= 3

@@ -5,9 +5,10 @@ flight and returns its JSON answer with the server and latency. What can pass is
 what cannot is raised:
 - a connection error, a 5xx, 408 or 429: retried on the same server with capped backoff, up
   to `max_retries` times, then the server is marked down and another one is used; a request
-  answered 500 or 502 more often than every server's retry budget while the servers answer
-  other requests is one they cannot serve: `EpisodeFailed` (an outage, where nothing is
-  answered, is waited out instead; 503, 504 and 429 say the server is busy, not the request);
+  answered 500 or 502 more often than every server's retry budget, each time by a server that
+  answered other requests since this one's previous error there, is one they cannot serve:
+  `EpisodeFailed` (an outage, where a server answers nobody, is waited out instead; 503, 504
+  and 429 say the server is busy, not the request);
 - a timeout (`timeout_s`): when another server is up, this one is marked down (a server
   that hung once is likely still hung: every later turn would wait out the timeout on it
   first) and the turn goes to another at once; else as above;
@@ -141,7 +142,6 @@ class ServerPool:
         self._session: aiohttp.ClientSession | None = None
         self._changed: asyncio.Event | None = None  # set when a server comes back
         self._run_loads = False  # some server of the run has SGLang weights recorded
-        self.answered = 0  # requests answered so far (all servers)
         self._no_model_list: set[str] = set()  # servers that answered 404 for /models
         self._all_down = False
         self._turn = 0  # rotates ties between equally loaded servers
@@ -268,24 +268,28 @@ class ServerPool:
             server = await self._pick(avoid=None, min_version=min_version)
             probe = server.down  # a down server is handed out only to the request trying it
             tries = attempts = refused = 0
-            answered_at = self.answered
+            # each server's answers to others up to this request's last failure there: an
+            # error counts against the request only when the server has answered others
+            # since (so an outage, where it answers nobody, is waited out)
+            answered: dict[str, int] = {}
             try:
                 while True:
                     attempts += 1
+                    before = answered.setdefault(server.base_url, server.served)
                     try:
                         data, latency_s, version = await self._post(server, body)
                     except _Transient as exc:
-                        if exc.status in (500, 502) and self.answered > answered_at:
-                            refused += 1  # failed while the servers answer other requests
+                        if exc.status in (500, 502) and server.served > before:
+                            refused += 1  # failed while the server answers other requests
                             if refused > self._refusal_limit:
                                 raise self._poisoned(refused, exc) from None
+                        answered[server.base_url] = server.served
                         server, tries = await self._after_failure(server, probe, tries, exc,
                                                                   min_version)
                         probe = server.down
                         continue
                     self._mark_up(server)
                     server.served += 1
-                    self.answered += 1
                     return Answer(data, server, latency_s, attempts, version)
             except BaseException:
                 if probe:
@@ -504,20 +508,22 @@ def _retry_at(server: Server) -> float:
     return server.retry_at
 
 
-# How servers word a request longer than the model's context window: vLLM "This model's
-# maximum context length is 4096 tokens. However, you requested ..."; SGLang "Requested token
-# count exceeds the model's maximum context length ..." and "The input (5000 tokens) is
-# longer than the model's context length (4096 tokens)"; OpenAI's code
-# `context_length_exceeded`; others "context window".
+# How servers word a request longer than the model's context window: vLLM's frontend "This
+# model's maximum context length is 4096 tokens. However, you requested ..." and its engine
+# "The decoder prompt (length 5000) is longer than the maximum model length of 4096";
+# SGLang "Requested token count exceeds the model's maximum context length ..." and "The
+# input (5000 tokens) is longer than the model's context length (4096 tokens)"; OpenAI's
+# error code `context_length_exceeded` (whatever its message says); others "context window".
 CONTEXT_OVERFLOW = ("context length", "context_length", "context window",
-                    "input is too long", "prompt is too long")
+                    "maximum model length", "input is too long", "prompt is too long")
 
 
 def is_context_overflow(status: int, raw: bytes) -> bool:
-    """A 400 (or 413/422) whose body says the request is longer than the context window."""
+    """A 400 (or 413/422) whose body (its message or its error code) says the request is
+    longer than the context window."""
     if status not in (400, 413, 422):
         return False
-    text = _message(raw).lower()
+    text = raw[:4096].decode(errors="replace").lower()
     return any(phrase in text for phrase in CONTEXT_OVERFLOW)
 
 
