@@ -671,12 +671,12 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "pool-unrecorded-launch-weights", "producers/llm/pool.py",
-        "                              or version is None and self._run_loads):",
-        "                              or False):",
+        "        return self._run_loads and server.version is None\n",
+        "        return False\n",
         "a server with launch weights and no record, where others have loaded ones, is not "
-        "labelled with the run's version",
-        ("tests/test_generation_control.py::test_an_sglang_server_that_missed_every_update_is_"
-         "set_aside_not_mislabelled",),
+        "used (its turns would be labelled with the run's version)",
+        ("tests/test_generation_control.py::test_a_server_that_missed_every_update_is_set_"
+         "aside_not_mislabelled",),
     ),
     Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",

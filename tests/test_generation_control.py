@@ -474,15 +474,16 @@ def test_a_restarted_sglang_server_is_set_aside_until_its_weights_are_loaded_aga
     assert {version for source, version in sources if source == "producer"} == {0}
 
 
-def test_an_sglang_server_that_missed_every_update_is_set_aside_not_mislabelled(
-        fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+@pytest.mark.parametrize("method, source", [("sglang", "server"), ("vllm-lora", "recorded")])
+def test_a_server_that_missed_every_update_is_set_aside_not_mislabelled(
+        fake_llm, producer_thread, r: redis.Redis, run: str, method: str, source: str) -> None:
     """Server B was down for the first update (A took it) and came back on its launch
-    weights ("default") with no record: its turns were labelled with the run's version (the
-    producer's fallback), weights they did not come from. It is set aside until `heal()`
-    loads the newest checkpoint into it."""
+    weights with no record: its turns were labelled with the run's version (the producer's
+    fallback), weights they did not come from. It is not used until the trainer's
+    `ModelServers` loads a checkpoint into it (here its next update)."""
     a, b = fake_llm(latency_s=0.003), fake_llm(latency_s=0.003)
     batcher = Batcher(r, lake_config([a.base_url, b.base_url]), run=run)
-    servers = ModelServers.for_batcher(batcher, "sglang", watch_s=None)
+    servers = ModelServers.for_batcher(batcher, method, watch_s=None)
     producer_thread()
     batch = batcher.get_batch(timeout_s=30)
     b.stop()
@@ -500,8 +501,7 @@ def test_an_sglang_server_that_missed_every_update_is_set_aside_not_mislabelled(
     finally:
         again.stop()
     steps = [step for batch in batches for traj in batch.trajectories for step in traj["steps"]]
-    assert {(s["version_source"], s["version"]) for s in steps} <= {("server", 1),
-                                                                    ("server", 2)}
+    assert {(s["version_source"], s["version"]) for s in steps} <= {(source, 1), (source, 2)}
     assert any(s["server"] == b.base_url for s in steps if s["version"] == 2)
 
 

@@ -61,6 +61,8 @@ logger = logging.getLogger(__name__)
 TRANSIENT_4XX = frozenset((408, 429))  # timeouts and rate limits: worth another try
 BACKOFF_S = 0.05  # first retry on the same server; doubles
 BACKOFF_MAX_S = 2.0
+UNRECORDED = ("no weight version recorded for it where the run's other servers have one (it "
+              "missed their updates): not used until the trainer's ModelServers loads it")
 COOLDOWN_S = 0.25  # a server marked down is tried again after this; doubles
 COOLDOWN_MAX_S = 5.0
 VERSION_RECHECK_S = 1.0  # a request waiting for a server's version looks again at least this
@@ -168,16 +170,23 @@ class ServerPool:
 
     def servers_down(self) -> dict[str, str]:
         """The servers set aside now: base URL -> why."""
-        return {s.base_url: s.down_reason for s in self.servers if s.down}
+        down = {s.base_url: s.down_reason for s in self.servers if s.down}
+        down.update({s.base_url: UNRECORDED for s in self.servers if self._unrecorded(s)})
+        return down
+
+    def _unrecorded(self, server: Server) -> bool:
+        """Not used: the trainer has loaded weights into the other servers, and this one has
+        no record of any (it missed those updates, or came since): its turns would come from
+        its launch weights, labelled with the run's version."""
+        return self._run_loads and server.version is None
 
     def set_versions(self, records: dict[str, ServerRecord]) -> bool:
         """Each server's record from `{RUN}:servers`, by base URL (a server without a record:
         version unknown). True when something changed; waiting requests look again at once."""
         changed = False
-        # the run loads full weights into servers that report them (SGLang): one of them
-        # answering with launch weights and no record missed what the others took
-        self._run_loads = any(record.reports and record.model is None
-                              for record in records.values())
+        # the trainer loads weights into this pool's servers: one without a record missed
+        # every update the others took (or was added since) and holds its launch weights
+        self._run_loads = any(s.base_url in records for s in self.servers)
         for server in self.servers:
             record = records.get(server.base_url)
             seen = (None, None, False) if record is None else (
@@ -359,16 +368,10 @@ class ServerPool:
             metrics.llm_error(server.base_url, "bad_reply")
             raise EpisodeFailed(f"model server {server.base_url} answered HTTP {status} "
                                 f"without a completion ({exc})") from None
-        if model is None and (version is not None and reports
-                              or version is None and self._run_loads):
+        if reports and model is None and version is not None:
             reported = reported_weight_version(data)
             if reported is not None and not reported.isdigit():  # not a version we loaded
                 metrics.llm_error(server.base_url, "lost_weights")
-                if version is None:  # missed every update the others took, or restarted
-                    raise _Transient(f"it answers with weight_version {reported!r} (its launch "
-                                     "weights) and has no record of a version loaded, where "
-                                     "the run's other servers have (the trainer's "
-                                     "ModelServers loads the newest one)", lost=True)
                 raise _Transient(f"it answers with weight_version {reported!r} where version "
                                  f"{version} was loaded: restarted? (the trainer's "
                                  "ModelServers loads it again)", lost=True)
@@ -415,8 +418,8 @@ class ServerPool:
         assert self._changed is not None
         while True:
             now = time.monotonic()
-            usable = self.servers if min_version is None else [
-                s for s in self.servers if (s.version or 0) >= min_version]
+            usable = [s for s in self.servers if not self._unrecorded(s)
+                      and (min_version is None or (s.version or 0) >= min_version)]
             ready = [s for s in usable if s.down and not s.probing and s.retry_at <= now]
             up = [s for s in usable if not s.down]
             if ready and (avoid not in ready or not up):
@@ -430,8 +433,7 @@ class ServerPool:
                 start = self._turn % len(up)
                 return min(up[start:] + up[:start], key=_inflight)
             if not usable:
-                assert min_version is not None
-                await self._wait_version(min_version)
+                await self._wait_version(min_version or 0)
                 continue
             if not self._all_down and all(s.down for s in self.servers):
                 self._all_down = True
