@@ -743,6 +743,14 @@ MUTANTS: tuple[Mutant, ...] = (
          "out",),
     ),
     Mutant(
+        "pool-probes-hung-with-health-check", "producers/llm/pool.py",
+        "            ready = [s for s in ready if not s.hung]\n",
+        "            ready = [s for s in ready if True]\n",
+        "a server down for a timeout is checked with GET /models, not with a turn",
+        ("tests/test_llm_pool.py::test_a_sigstopped_server_is_checked_with_get_models_not_with_"
+         "turns",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

@@ -353,3 +353,60 @@ def test_an_outage_that_starts_while_others_finish_is_waited_out(fake_llm) -> No
 
     answer = run_pool([a.base_url], scenario, max_retries=1)
     assert answer.attempts >= 4 and a.stats["fault:marked"] >= 3
+
+
+def test_a_sigstopped_server_is_checked_with_get_models_not_with_turns(fake_llm) -> None:
+    """A server set aside for a timeout was tried again with a real turn every cooldown, and
+    each such turn waited out the whole timeout (with `timeout_s: 300`, a sync step of 300
+    s or more). It is checked with `GET /models` now: no turn waits on it while it is
+    stopped, and it is used again once it answers."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from helpers import ROOT, free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rollstream", "fake-llm", "--port",
+                             str(port), "--model", MODEL], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stopped_url = f"http://127.0.0.1:{port}/v1"
+    live = fake_llm()
+    try:
+        wait_until(lambda: _answers(f"{stopped_url}/models", urllib.request), timeout_s=30)
+
+        async def scenario(pool: ServerPool) -> tuple[list[str], list[float], list[str]]:
+            proc.send_signal(signal.SIGSTOP)
+            started = time.monotonic()
+            served, took = [], []
+            while time.monotonic() - started < 3.0:  # cooldowns of 0.25 s up to 2 s pass
+                turn_started = time.monotonic()
+                served.append((await pool.chat(BODY)).server.base_url)
+                took.append(time.monotonic() - turn_started)
+            proc.send_signal(signal.SIGCONT)
+            later = []
+            deadline = time.monotonic() + 20
+            while stopped_url not in later and time.monotonic() < deadline:
+                later.append((await pool.chat(BODY)).server.base_url)
+                await asyncio.sleep(0.05)
+            return served, took, later
+
+        served, took, later = run_pool([stopped_url, live.base_url], scenario, timeout_s=0.5)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+        proc.wait(10)
+    # one turn paid the timeout (the one that found it hung); no other turn waited on it
+    assert served.count(stopped_url) == 0 and len(served) > 10
+    assert len([t for t in took if t >= 0.45]) == 1, took
+    assert live.stats["requests"] >= len(served)
+    assert stopped_url in later  # back in use once it answered GET /models
+
+
+def _answers(url: str, request: Any) -> bool:
+    try:
+        with request.urlopen(url, timeout=1) as reply:
+            return reply.status == 200
+    except OSError:
+        return False

@@ -11,7 +11,8 @@ what cannot is raised:
   and 429 say the server is busy, not the request);
 - a timeout (`timeout_s`): when another server is up, this one is marked down (a server
   that hung once is likely still hung: every later turn would wait out the timeout on it
-  first) and the turn goes to another at once; else as above;
+  first) and the turn goes to another at once; else as above. A server down for a timeout
+  is probed with `GET /models` (5 s at most), not with a turn;
 - a 400 saying the request is longer than the context window: `ContextFull` (the episode
   ends truncated);
 - any other 4xx, or a 2xx body that is not a completion: `EpisodeFailed`, never retried;
@@ -63,6 +64,7 @@ BACKOFF_S = 0.05  # first retry on the same server; doubles
 BACKOFF_MAX_S = 2.0
 UNRECORDED = ("no weight version recorded for it where the run's other servers have one (it "
               "missed their updates): not used until the trainer's ModelServers loads it")
+HUNG_PROBE_S = 5.0  # a server set aside for a timeout must answer GET /models within this
 COOLDOWN_S = 0.25  # a server marked down is tried again after this; doubles
 COOLDOWN_MAX_S = 5.0
 VERSION_RECHECK_S = 1.0  # a request waiting for a server's version looks again at least this
@@ -85,6 +87,7 @@ class Server:
     # pool's model; a LoRA adapter's name on vLLM)
     reports: bool = False  # recorded as reporting `weight_version` in each answer (SGLang)
     down_reason: str = ""  # when down: why (the failure that set it aside)
+    hung: bool = False  # down for a timeout: probed with `GET /models`, not with a turn
 
     @property
     def chat_url(self) -> str:
@@ -143,7 +146,8 @@ class ServerPool:
         self._slots: asyncio.Semaphore | None = None
         self._session: aiohttp.ClientSession | None = None
         self._changed: asyncio.Event | None = None  # set when a server comes back
-        self._run_loads = False  # some server of the run has SGLang weights recorded
+        self._run_loads = False  # the trainer has recorded weights for a server of the pool
+        self._probes: set[asyncio.Future[None]] = set()  # health checks of hung servers
         self._no_model_list: set[str] = set()  # servers that answered 404 for /models
         self._all_down = False
         self._turn = 0  # rotates ties between equally loaded servers
@@ -160,6 +164,9 @@ class ServerPool:
             skip_auto_headers=("User-Agent", "Accept-Encoding"), raise_for_status=False)
 
     async def close(self) -> None:
+        for probe in list(self._probes):
+            probe.cancel()
+        await asyncio.gather(*self._probes, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -421,6 +428,12 @@ class ServerPool:
             usable = [s for s in self.servers if not self._unrecorded(s)
                       and (min_version is None or (s.version or 0) >= min_version)]
             ready = [s for s in usable if s.down and not s.probing and s.retry_at <= now]
+            for server in [s for s in ready if s.hung]:  # a turn would wait out the timeout
+                server.probing = True
+                probe = asyncio.ensure_future(self._probe_hung(server))
+                self._probes.add(probe)
+                probe.add_done_callback(self._probes.discard)
+            ready = [s for s in ready if not s.hung]
             up = [s for s in usable if not s.down]
             if ready and (avoid not in ready or not up):
                 server = min(ready, key=_retry_at)
@@ -468,10 +481,29 @@ class ServerPool:
     def _mark_down(self, server: Server, exc: Exception) -> None:
         server.down = True
         server.down_reason = str(exc)
+        server.hung = isinstance(exc, _Transient) and exc.timeout
         self._cool_down(server)
         if not self._all_down:
             others = "using the others" if len(self.servers) > 1 else "waiting for it"
             logger.warning("model server %s is down (%s); %s", server.base_url, exc, others)
+
+    async def _probe_hung(self, server: Server) -> None:
+        """A server set aside for a timeout, tried with `GET /models` (at most
+        `HUNG_PROBE_S`) instead of a turn: a hung server would hold that turn for the whole
+        timeout at every try. Answering marks it up; a turn that times out there again
+        sets it aside again, for twice as long."""
+        try:
+            found = await asyncio.wait_for(self._models(server), HUNG_PROBE_S)
+        except asyncio.TimeoutError:
+            found = f"no answer to GET /models within {HUNG_PROBE_S:g}s"
+        except PolicyError as exc:
+            found = str(exc)
+        if isinstance(found, str):
+            self._probe_failed(server, _Transient(found, timeout=True))
+            return
+        downs = server.downs
+        self._mark_up(server)
+        server.downs = downs  # a turn answered resets the cooldown, a health check does not
 
     def _probe_failed(self, server: Server, exc: Exception) -> None:
         self._cool_down(server)
@@ -490,7 +522,7 @@ class ServerPool:
         if not server.down:
             server.downs = 0
             return
-        server.down = server.probing = False
+        server.down = server.probing = server.hung = False
         server.downs = 0
         server.down_reason = ""
         if self._all_down:
