@@ -282,8 +282,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "pool-min-version", "producers/llm/pool.py",
-        "s for s in self.servers if (s.version or 0) >= min_version]",
-        "s for s in self.servers]",
+        "and (min_version is None or (s.version or 0) >= min_version)]",
+        "]",
         "the pool picks only servers holding the version a turn requires",
         (f"{GEN}::test_require_version_holds_turns_until_a_server_catches_up",),
     ),
