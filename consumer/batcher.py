@@ -311,6 +311,12 @@ class Batcher:
         it (from a URL, or a cluster client for a plain client of a cluster node); a client
         passed in is the caller's to close."""
         self._closed = True
+        if self._alive._started:  # it took part: say it ended (status shows it closed)
+            record = batcher_record(self, "train", "closed", 0.0, 0, 0, 0, ttl_s=STATS_KEEP_S)
+            try:
+                self._write_record(record.encode())
+            except redis_lib.RedisError as exc:
+                logger.debug("could not write the batcher's closing record: %s", exc)
         self._alive.stop()
         if self._owns_client:
             self.redis.close()

@@ -37,7 +37,7 @@ from consumer import Batch, Batcher
 from rollstream.embedded import EmbeddedRedis
 from rollstream.launcher import interrupt_signals, start_producers, stop_processes
 from schemas.config import RolloutConfig
-from schemas.errors import RollstreamError
+from schemas.errors import RollstreamError, RunStopped
 from schemas.redisconn import sync_client
 
 HERE = Path(__file__).resolve().parent
@@ -249,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; everything stopped", flush=True)
         return 130
+    except RunStopped as exc:  # `rollstream stop`: the run's end, not a failure
+        print(f"grpo_frozenlake: {exc}; stopping", flush=True)
+        return 0
     except (RollstreamError, redis.RedisError) as exc:
         print(f"grpo_frozenlake: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -733,7 +733,7 @@ class Producer:
                 "producer %s: episode %d of env %d (%s) ended truncated after %d turns: the "
                 "conversation outgrew the model's context window (%s); it is committed with "
                 "its turns (context_full in the trajectory), and later ones are only counted "
-                "(rollstream_episodes_context_full)", self.producer_id, traj["episode_id"],
+                "(rollstream_episodes_context_full_total)", self.producer_id, traj["episode_id"],
                 slot.env_id, slot.tag, traj["num_actions"], traj["context_full"])
 
     def _give_up(self, run: ShardRun, slot: EnvSlot, k: int) -> bool:

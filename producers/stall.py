@@ -26,7 +26,7 @@ from types import FrameType
 
 logger = logging.getLogger(__name__)
 
-STALL_WARN_S = 1.0  # a loop blocked this long is warned about (lease ttls under 3 s: ttl / 3)
+STALL_WARN_S = 2.0  # a loop blocked this long is warned about (lease ttls under 6 s: ttl / 3)
 REPEAT_S = 30.0  # at most one warning per this long (every stall is still counted)
 WHERE_FRAMES = 3  # frames named in the warning, innermost first
 
@@ -35,8 +35,10 @@ _STDLIB = tuple(os.path.realpath(sysconfig.get_paths()[name]) + os.sep
 
 
 def stall_threshold_s(lease_ttl_s: float) -> float:
-    """How long the loop may be blocked before a warning: `STALL_WARN_S`, or a third of the
-    lease ttl when that is shorter (the heartbeat's interval: one beat missed)."""
+    """How long the loop may be blocked before a warning: `STALL_WARN_S` (a val round's
+    start resets hundreds of envs in one pass: ~0.5 s, ~1 s on a loaded machine), or a
+    third of the lease ttl when that is shorter (the heartbeat's interval: one beat
+    missed)."""
     return min(STALL_WARN_S, lease_ttl_s / 3)
 
 
@@ -61,6 +63,7 @@ class LoopWatch:
         # (the tick it is blocked since, where its thread is): set by the watching thread
         self._blocked: tuple[float, str] | None = None
         self._past_ttl = False
+        self._said = False  # the current stall's first warning was logged
         self._unwarned = 0  # stalls since the last warning
         self._warned_at = -REPEAT_S
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -95,7 +98,7 @@ class LoopWatch:
             self.stalls += 1
             self.stalled_s += seconds
             self.longest_s = max(self.longest_s, seconds)
-            if self._past_ttl:
+            if self._past_ttl and self._said:
                 logger.warning("producer %s: its event loop ran again after %.1fs", self.name,
                                seconds)
             self._past_ttl = False
@@ -119,6 +122,8 @@ class LoopWatch:
                 self._first_warning(blocked_s, where)
             elif not self._past_ttl and blocked_s >= self.lease_ttl_s:
                 self._past_ttl = True
+                if not self._said:  # its first warning was held back (REPEAT_S): so is this
+                    continue
                 logger.warning(
                     "producer %s: its event loop is still blocked after %.0fs, past the lease "
                     "ttl (%gs): other producers take its shards and replay their episodes; "
@@ -126,7 +131,8 @@ class LoopWatch:
 
     def _first_warning(self, blocked_s: float, where: str) -> None:
         now = time.monotonic()
-        if now - self._warned_at < REPEAT_S:
+        self._said = now - self._warned_at >= REPEAT_S
+        if not self._said:
             self._unwarned += 1
             return
         more = (f" ({self._unwarned} more stall(s) since the last warning)"

@@ -544,7 +544,9 @@ def _reset(client: SyncClient, keys: Keys, yes: bool) -> int:
     ttl_s = RolloutConfig.from_json(raw).lease_ttl_s if raw is not None else 10.0
     client.set(keys.stop, 1)
     publish(client, keys.control, b"stop")
-    deadline = time.monotonic() + ttl_s + 2.0
+    # a dead trainer's liveness key outlives it by its own ttl: wait that long too
+    alive_s = max(_live_batchers(client, keys).values(), default=0) / 1000
+    deadline = time.monotonic() + max(ttl_s, alive_s) + 2.0
     # a trainer waiting in get_batch ends at the stop (RunStopped); one that goes on would
     # put the run back (it restores a run whose keys are gone), so it must be gone first
     while (live_producers(client, keys) or _live_batchers(client, keys)) \
@@ -566,13 +568,19 @@ def _reset(client: SyncClient, keys: Keys, yes: bool) -> int:
     return 0
 
 
-def _live_batchers(client: SyncClient, keys: Keys) -> list[str]:
-    """The batchers (by their state records) whose liveness key is fresh: not missing, not
-    `closed`."""
-    consumers = sorted(_text(name) for name in client.hkeys(keys.batchers))
-    values = [client.get(keys.batcher_alive(consumer)) for consumer in consumers]
-    return [consumer for consumer, value in zip(consumers, values, strict=True)
-            if value is not None and value != BATCHER_CLOSED]
+def _live_batchers(client: SyncClient, keys: Keys) -> dict[str, int]:
+    """Consumer -> ms its liveness key has left, for every batcher whose key is fresh (not
+    missing, not `closed`): found by the keys themselves, which a training batcher keeps
+    fresh however long its step (its state record is written only by get_batch)."""
+    prefix = keys.batcher_alive("")
+    pattern = Keys(keys.run).pattern()[:-1] + "alive:*"
+    out: dict[str, int] = {}
+    for name in client.scan_iter(match=pattern, count=1000):
+        name = _text(name)
+        value, ttl_ms = client.get(name), client.pttl(name)
+        if value is not None and value != BATCHER_CLOSED:
+            out[name[len(prefix):]] = max(0, int(ttl_ms))
+    return out
 
 
 def _status(client: SyncClient, keys: Keys, config: RolloutConfig,

@@ -156,7 +156,9 @@ def _producers(records: dict[str, ProducerRecord], beats: dict[str, float],
                 held[owner].append(f"{mode}:{shard}")
     out = []
     for pid in sorted(set(records) | set(beats)):
-        last = max(beats.get(pid, 0.0), seen.get(pid, 0.0))
+        # the stats record's time (the server's clock) when there is one: the expiry less the
+        # config's ttl is wrong for a producer running another ttl
+        last = seen[pid] if pid in seen else beats.get(pid, 0.0)
         item: dict[str, Any] = {
             "id": pid, "state": "live" if pid in live else "gone",
             "heartbeat_age_s": round(max(0.0, now_ms - last) / 1000, 2),
@@ -257,7 +259,7 @@ def _batchers(raw: dict[Any, bytes], alive: dict[str, Any]) -> list[dict[str, An
     for record in _batcher_records(raw):
         since = max(0.0, now - record.updated_at)
         key = alive.get(record.consumer)
-        if key == BATCHER_CLOSED:
+        if key == BATCHER_CLOSED or record.state == "closed":
             state = "closed"
         elif since > record.ttl_s or not isinstance(key, bytes):
             state = "gone"
@@ -333,7 +335,7 @@ def warnings(snap: dict[str, Any], limits: Limits) -> list[str]:
     for batcher in snap["batchers"]:
         if batcher["state"] == "waiting" and batcher["waiting_s"] > limits.wait_warn_s:
             out.append(_wait_warning(batcher, snap))
-        if batcher["state"] == "gone" and not snap["stopped"]:
+        if batcher["state"] == "gone" and not snap["stopped"]:  # (closed: it ended cleanly)
             held = " (the run stays paused until a trainer asks again)" \
                 if "sync" in snap["pause"] else ""
             out.append(f"batcher {batcher['consumer']} is gone: its trainer died{held}; a "

@@ -82,9 +82,19 @@ def test_a_stall_past_the_lease_ttl_says_the_shards_go_elsewhere(caplog):
     assert "ran again after" in text
 
 
-def test_the_threshold_is_a_second_or_a_missed_heartbeat():
-    assert stall_threshold_s(10.0) == stall.STALL_WARN_S == 1.0
+def test_the_threshold_is_two_seconds_or_a_missed_heartbeat():
+    assert stall_threshold_s(10.0) == stall.STALL_WARN_S == 2.0
     assert stall_threshold_s(1.5) == 0.5
+
+
+def test_the_lines_of_a_held_back_stall_are_held_back_too(caplog):
+    """A policy blocking on every step: its stalls' "past the lease ttl" and "ran again"
+    lines bypassed the 30 s limit (a warning every ~6 s)."""
+    caplog.set_level(logging.WARNING)
+    watch, _ = watched([0.9, 0.9], threshold_s=0.1, lease_ttl_s=0.5)
+    assert watch.stalls == 2
+    assert caplog.text.count("past the lease ttl") == 1, caplog.text
+    assert caplog.text.count("ran again after") == 1
 
 
 def test_describe_stack_skips_the_standard_librarys_frames():

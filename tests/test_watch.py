@@ -239,3 +239,5 @@ def test_status_shows_a_killed_trainer_as_gone_and_a_closed_one_as_closed(r, run
     snap = snapshot(r, keys, config)
     assert snap["batchers"][0]["state"] == "closed"
     assert not any("is gone" in w for w in snap["warnings"])
+    r.delete(keys.batcher_alive("batcher-0"))  # the closed mark expires after a minute
+    assert snapshot(r, keys, config)["batchers"][0]["state"] == "closed"  # its record says so
