@@ -716,7 +716,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if isinstance(exc, ProducersExited) and not client.exists(batcher.keys.stop):\n",
         "        if isinstance(exc, ProducersExited):\n",
         "rollstream up ends with 0 when its producers exit because the run was stopped",
-        ("tests/test_cli_admin.py::test_rollstream_stop_ends_train_and_up_with_exit_0[up]",),
+        ("tests/test_cli_admin.py::test_up_takes_every_producer_gone_at_a_stop_as_the_end",),
     ),
     Mutant(
         "status-reads-batcher-liveness", "rollstream/watch.py",

@@ -232,3 +232,29 @@ def test_reset_refuses_while_a_trainer_that_does_not_wait_is_alive(r, run, redis
     batcher.close()
     out = cli("reset", "--yes", "--redis-url", redis_url, "--run", run)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_up_takes_every_producer_gone_at_a_stop_as_the_end(r, run, redis_url, monkeypatch,
+                                                           stopped):
+    """`up`'s producers may be seen gone (all exited 0 at the stop) before its batcher looks
+    at the stop key: that is the run's end (0), and without a stop still a failure."""
+    import io
+
+    import rollstream.launcher as launcher
+    from schemas.errors import ProducersExited
+
+    def producers_gone(batcher, opts, progress):
+        if stopped:
+            r.set(Keys(run).stop, 1)
+        raise ProducersExited("every producer exited (exit codes [0])")
+
+    monkeypatch.setattr(launcher, "trainer_loop", producers_gone)
+    opts = launcher.UpOptions(config=small_config(), redis_url=redis_url, run=run)
+    out = io.StringIO()
+    if stopped:
+        assert launcher.train_session(r, opts, "header", out) == 0
+        assert f"run '{run}' was stopped (rollstream stop)" in out.getvalue()
+    else:
+        with pytest.raises(ProducersExited):
+            launcher.train_session(r, opts, "header", out)
