@@ -573,9 +573,8 @@ def _live_batchers(client: SyncClient, keys: Keys) -> dict[str, int]:
     missing, not `closed`): found by the keys themselves, which a training batcher keeps
     fresh however long its step (its state record is written only by get_batch)."""
     prefix = keys.batcher_alive("")
-    pattern = Keys(keys.run).pattern()[:-1] + "alive:*"
     out: dict[str, int] = {}
-    for name in client.scan_iter(match=pattern, count=1000):
+    for name in client.scan_iter(match=keys.batchers_alive_pattern(), count=1000):
         name = _text(name)
         value, ttl_ms = client.get(name), client.pttl(name)
         if value is not None and value != BATCHER_CLOSED:

@@ -123,6 +123,10 @@ class Keys:
     def batcher_alive(self, consumer: str) -> str:  # string, PX ttl: the batcher's process lives
         return f"{self.prefix}:alive:{consumer}"
 
+    def batchers_alive_pattern(self) -> str:
+        """SCAN pattern of the run's batcher liveness keys (`batcher_alive`)."""
+        return self.pattern()[:-1] + "alive:*"
+
     def pattern(self) -> str:
         """SCAN pattern matching every key of the run and no other: the glob characters a run
         name may hold (`* ? [ ] \\`) are escaped, so `reset --run 'exp*'` never matches exp1's
