@@ -679,6 +679,14 @@ MUTANTS: tuple[Mutant, ...] = (
          "aside_not_mislabelled",),
     ),
     Mutant(
+        "pool-reason-is-current", "producers/llm/pool.py",
+        "        server.down_reason = str(exc)  # why now: the record may have moved on since\n",
+        "",
+        "a set-aside server's reason is its last failure's, not its first's",
+        ("tests/test_llm_pool.py::test_a_set_aside_server_names_what_it_lacks_now_not_when_it_"
+         "was_set_aside",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",

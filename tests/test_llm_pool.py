@@ -410,3 +410,31 @@ def _answers(url: str, request: Any) -> bool:
             return reply.status == 200
     except OSError:
         return False
+
+
+def test_a_set_aside_server_names_what_it_lacks_now_not_when_it_was_set_aside(
+        fake_llm) -> None:
+    """A restarted SGLang server answers with its launch weights ('default'). It was set
+    aside while the producer still had version 1 on record; version 2's record came while it
+    was aside, and its retry failed the same way: `status` kept saying 'where version 1 was
+    loaded' (the reason of the first failure) though the server had lost version 2."""
+    server = fake_llm()  # weight_version 'default': launch weights
+    url = server.base_url
+
+    async def scenario(pool: ServerPool) -> tuple[str, str]:
+        pool.set_versions({url: ServerRecord(1, reports=True)})
+        turn = asyncio.ensure_future(pool.chat(BODY))
+        while not pool.servers_down():
+            await asyncio.sleep(0.01)
+        first = pool.servers_down()[url]
+        retried = server.stats["requests"]
+        pool.set_versions({url: ServerRecord(2, reports=True)})  # tried again at once
+        while server.stats["requests"] == retried or pool.servers[0].probing:
+            await asyncio.sleep(0.01)
+        now = pool.servers_down()[url]
+        turn.cancel()
+        return first, now
+
+    first, now = run_pool([url], scenario)
+    assert "weight_version 'default' where version 1 was loaded" in first
+    assert "weight_version 'default' where version 2 was loaded" in now

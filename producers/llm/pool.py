@@ -506,6 +506,7 @@ class ServerPool:
         server.downs = downs  # a turn answered resets the cooldown, a health check does not
 
     def _probe_failed(self, server: Server, exc: Exception) -> None:
+        server.down_reason = str(exc)  # why now: the record may have moved on since
         self._cool_down(server)
         logger.debug("model server %s still down: %s", server.base_url, exc)
         assert self._changed is not None
