@@ -622,23 +622,22 @@ class Producer:
         return current != 0 and slot.k < self.schedules["val"].episodes_per_step
 
     async def _gate(self, run: ShardRun, slot: EnvSlot, k: int) -> bool:
-        """Before each policy call: wait out a pause, and in sync mode wait for the run
-        version's weights (a step stamped older would be dropped); False to abandon."""
+        """Before each policy call: wait out a pause, and wait for weights new enough (sync:
+        the run version's; async: the episode's step's); False to abandon."""
         state = self.state
         weights = self.weights
         while True:
             verdict = self._verdict(run, slot, k)
             if verdict is not None:
                 return verdict
-            if weights is not None and weights.must_wait(state.version):
+            if weights is not None and self._unweighted(slot, k):
                 weights.holds += 1
             await state.wait_change()
 
     def _verdict(self, run: ShardRun, slot: EnvSlot, k: int) -> bool | None:
         """What the gate says now: True go on, False abandon the episode, None wait."""
         state = self.state
-        weights = self.weights
-        unweighted = weights is not None and weights.must_wait(state.version)
+        unweighted = self._unweighted(slot, k)
         if self._leaving(run) and (state.paused or unweighted or self._stopping):
             return False  # the next owner replays the episode with the same seed
         if slot.mode == "val":
@@ -648,6 +647,15 @@ class Producer:
         if self.schedules["train"].expired(k, state.version):
             return False
         return None if (state.paused or unweighted) else True
+
+    def _unweighted(self, slot: EnvSlot, k: int) -> bool:
+        """Must this step wait for newer weights? (Sync: the run version's; async: those of
+        the step train episode `k` belongs to, so it is not handed out over-stale.)"""
+        weights = self.weights
+        if weights is None:
+            return False
+        floor = self.schedules["train"].create_step(k) if slot.mode == "train" else 0
+        return weights.must_wait(self.state.version, floor)
 
     async def _interrupt_loop(self) -> None:
         """On every control change, cut short the policy calls in flight whose gate would

@@ -12,7 +12,10 @@ version may be all there is yet), decodes them off the loop and sets them, once 
 producer's envs. Every step records `version` (the weights that chose it; 0 = the factory's
 weights when nothing was loaded). In sync mode (`async_generation_ratio: 0`) a step waits
 until the policy holds the run's version (`must_wait`): a step stamped older would be dropped
-as stale. In async mode steps never wait; they act with the weights at hand.
+as stale. In async mode a train episode waits only for the weights of the step it belongs to
+(`create(k)`, at most the run's version): admitted by a version whose weights are still
+loading, it would otherwise start with older ones and reach the trainer more than `ratio`
+versions stale. Episodes already under way go on with the weights at hand.
 """
 
 from __future__ import annotations
@@ -61,9 +64,11 @@ class WeightsFollower:
         self._missing: tuple[int, float] | None = None  # (version, since) without weights
         self._warned = -1
 
-    def must_wait(self, run_version: int) -> bool:
-        """Sync mode: hold the step until the policy has the run version's weights."""
-        return self.sync and self.version < run_version
+    def must_wait(self, run_version: int, floor: int = 0) -> bool:
+        """Hold the step until the policy's weights are new enough. Sync mode: the run
+        version's. Async mode: `floor`, the step its episode belongs to (`create(k)`):
+        weights older than that would be handed out more than `ratio` versions stale."""
+        return self.version < (run_version if self.sync else floor)
 
     async def run(self, stop: asyncio.Event, backoff: Backoff) -> None:
         """Follow the version until `stop`; a `PolicyError` sets `error` and `stop`."""
@@ -147,7 +152,8 @@ class WeightsFollower:
         if waited_s >= MISSING_WARN_S and self._warned != target:
             self._warned = target
             what = ("sync mode waits for them" if self.sync
-                    else f"acting with version {self.version}'s")
+                    else f"episodes of step {target} wait for them; older ones act with "
+                         f"version {self.version}'s")
             logger.warning("run version %d has no weights at %s after %.0fs (%s); a trainer "
                            "of this policy publishes them: publish_version(weights=...)",
                            target, self._keys.weights(target), waited_s, what)

@@ -687,6 +687,22 @@ MUTANTS: tuple[Mutant, ...] = (
          "was_set_aside",),
     ),
     Mutant(
+        "async-weights-of-the-step", "producers/weights.py",
+        "        return self.version < (run_version if self.sync else floor)\n",
+        "        return self.version < (run_version if self.sync else 0)\n",
+        "async: an episode a new version admitted waits for that version's weights (else it "
+        "is handed out ratio + 1 versions stale)",
+        ("tests/test_weights.py::test_async_episodes_wait_for_the_weights_of_their_step",
+         "tests/test_weights.py::test_steps_record_the_loaded_version_not_the_runs"),
+    ),
+    Mutant(
+        "require-version-of-the-step", "producers/policies/openai.py",
+        "        if ctx.mode == \"train\" and self._train is not None:\n",
+        "        if False:\n",
+        "require_version: a train turn goes to a server holding its episode's step",
+        (f"{GEN}::test_require_version_keeps_a_new_versions_episodes_within_the_ratio",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",

@@ -349,6 +349,31 @@ def test_require_version_holds_turns_until_a_server_catches_up(
     assert all(s["version"] >= 1 for s, _ in steps_of([batch]))
 
 
+def test_require_version_keeps_a_new_versions_episodes_within_the_ratio(
+        fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+    """Ratio 1, T = 1: publishing version v before the server holds it admits episode v + 1,
+    of step v. It waits for a server holding v; the episodes of step v - 1 go on with v - 1.
+    With the floor `run version - ratio` it was served by v - 1 and handed out at v + 1, two
+    versions stale."""
+    server = fake_llm(latency_s=0.003)
+    batcher = Batcher(r, lake_config([server.base_url], ratio=1, require_version=True),
+                      run=run)
+    servers = ModelServers.for_batcher(batcher, "sglang", watch_s=None)
+    producer = producer_thread().producer
+    batches = [batcher.get_batch(timeout_s=30)]
+    for version in (1, 2, 3):
+        batcher.ack(batches[-1])
+        batcher.publish_version(version)  # the server still holds version - 1
+        wait_for(lambda: producer.policy.pool.version_waiting >= 1, timeout_s=10,
+                 what=f"turns of step {version} waiting for a server holding it")
+        servers.update(version, f"/ckpt/{version}")
+        batches.append(batcher.get_batch(timeout_s=30))
+    for batch in batches:
+        assert batch.metrics["scheduler/staleness/max"] <= 1, batch.version
+        for traj in batch.trajectories:
+            assert traj["version_start"] >= max(0, traj["episode_id"] - 1), traj["traj_id"]
+
+
 # -- the mechanism -----------------------------------------------------------------------------
 class WaitingPolicy:
     """Its first call waits until cancelled; later calls answer at once."""

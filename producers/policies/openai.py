@@ -16,8 +16,10 @@ the model that holds it (a vLLM LoRA adapter per version). A turn records the ve
 server reports (SGLang's `weight_version`; source `server`), else the one recorded for the
 server that answered (`recorded`), else the producer's (`producer`); a server that lost the
 weights it is recorded with (restarted) is set aside by the pool, never labelled. With
-`require_version` a turn goes only to a server holding at least `run version -
-async_generation_ratio`, and waits while none does. A turn the server aborted raises
+`require_version` a turn goes only to a server holding at least the weights of the step its
+train episode belongs to (`create(k)`, so the trajectory is at most `async_generation_ratio`
+versions stale when handed out; a val turn: `run version - ratio`), and waits while none
+does. A turn the server aborted raises
 `TurnAborted` (the producer sends it again through its gate); a turn cut short leaves the
 conversation as it was.
 
@@ -41,6 +43,7 @@ from producers.policies import PolicyContext, StepContext, Turn
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
 from schemas.errors import PolicyError, TurnAborted
 from schemas.policy import OpenAIPolicyConfig, ServerRecord, read_server_record
+from schemas.protocol import Schedule
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +74,7 @@ class OpenAIPolicy:
         self._gc_threshold: tuple[int, ...] | None = None  # to restore at close
         self._context: PolicyContext | None = None
         self._ratio = 0  # the run's staleness bound (require_version)
+        self._train: Schedule | None = None  # the run's train schedule (require_version)
         self._view_version = -1  # the run version `{RUN}:servers` was last read at
         self._reading: asyncio.Future[None] | None = None  # the read of it under way
         self._follower: asyncio.Task[None] | None = None
@@ -104,6 +108,7 @@ class OpenAIPolicy:
         if context is not None:
             self._context = context
             self._ratio = context.config.ratio
+            self._train = Schedule(context.config.episodes_per_step("train"), self._ratio)
             self._follower = asyncio.create_task(self._follow_servers(context.poll_interval_s))
         logger.info("openai policy: model %r on %d server(s)", config.model,
                     len(self.pool.servers))
@@ -118,6 +123,15 @@ class OpenAIPolicy:
         if self._gc_threshold is not None:
             gc.set_threshold(*self._gc_threshold)
             self._gc_threshold = None
+
+    def _min_version(self, ctx: StepContext) -> int:
+        """The oldest weights a turn may come from (`require_version`): a train turn, those of
+        its episode's step (at most the run's version), so the trajectory is at most `ratio`
+        versions stale when handed out; `run version - ratio` was one step short for the
+        episodes a new version admits."""
+        if ctx.mode == "train" and self._train is not None:
+            return self._train.create_step(ctx.episode_id)
+        return ctx.version - self._ratio
 
     def servers_down(self) -> dict[str, str]:
         """The model servers this producer has set aside now: base URL -> why (shown by
@@ -138,7 +152,7 @@ class OpenAIPolicy:
                                      top_p=config.top_p, top_k=config.top_k,
                                      max_tokens=max_tokens, seed=chat.turn_seed(ctx),
                                      extra_body=config.extra_body)
-            min_version = ctx.version - self._ratio if config.require_version else None
+            min_version = self._min_version(ctx) if config.require_version else None
             answer = await self.pool.chat(body, min_version=min_version)
             turn = chat.turn_from_answer(answer.data)
             if turn.finish_reason == "abort":  # SGLang, while it loads new weights
