@@ -288,22 +288,35 @@ class _StepWait:
 
 
 def trainer_loop(batcher: Batcher, opts: UpOptions, progress: Progress) -> int:
-    """Run train steps until `steps` or `seconds` is reached; returns the steps done."""
+    """Run train steps until `steps` or `seconds` is reached; returns the steps done. A batch
+    still awaited when `seconds` runs out ends the loop then, not at its own timeout."""
     started = time.monotonic()
+    deadline = None if opts.seconds is None else started + opts.seconds
+
+    def wait_s(timeout_s: float) -> float:
+        if deadline is None:
+            return timeout_s
+        return max(0.0, min(timeout_s, deadline - time.monotonic()))
+
+    def over() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
     step = 0
     waiting: _StepWait | None = None  # the wait for this step's batch, across skipped versions
     while opts.steps is None or step < opts.steps:
-        if opts.seconds is not None and time.monotonic() - started >= opts.seconds:
+        if over():
             break
         waiting = waiting or _StepWait(batcher.version, opts.timeout_s)
         try:
-            batch = batcher.get_batch("train", timeout_s=waiting.left())
+            batch = batcher.get_batch("train", timeout_s=wait_s(waiting.left()))
         except StepExhausted as exc:  # e.g. restarted between an ack and its publish
             waiting.exhausted(exc)
             logger.warning("%s: publishing version %d", exc, batcher.version + 1)
             batcher.publish_version()
             continue
         except BatchTimeout as exc:
+            if over():
+                break
             raise waiting.timed_out(exc) from None
         waiting = None
         if opts.train_step_s > 0:
@@ -312,8 +325,13 @@ def trainer_loop(batcher: Batcher, opts: UpOptions, progress: Progress) -> int:
         batcher.publish_version()
         progress.batch(f"step {step}", step, batch)
         step += 1
-        if opts.val_every and step % opts.val_every == 0:
-            val = batcher.get_batch("val", timeout_s=opts.timeout_s)
+        if opts.val_every and step % opts.val_every == 0 and not over():
+            try:
+                val = batcher.get_batch("val", timeout_s=wait_s(opts.timeout_s))
+            except BatchTimeout:
+                if over():
+                    break
+                raise
             progress.batch("  val", step - 1, val)
     return step
 

@@ -703,6 +703,13 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GEN}::test_require_version_keeps_a_new_versions_episodes_within_the_ratio",),
     ),
     Mutant(
+        "up-seconds-caps-the-wait", "rollstream/launcher.py",
+        "            batch = batcher.get_batch(\"train\", timeout_s=wait_s(waiting.left()))\n",
+        "            batch = batcher.get_batch(\"train\", timeout_s=waiting.left())\n",
+        "up/train --seconds ends a batch wait that would outlast it",
+        ("tests/test_cli_admin.py::test_up_seconds_ends_a_batch_wait_that_would_outlast_it",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",

@@ -55,6 +55,22 @@ def test_up_seconds_and_val_every(redis_url, run):
     assert "trajs    32" in vals[0]  # one val round: 32 FrozenLake val envs
 
 
+def test_up_seconds_ends_a_batch_wait_that_would_outlast_it(redis_url, run, tmp_path):
+    """Every action takes an hour, so no batch comes: `--seconds 2` ended `up` only when
+    the wait for the first batch reached `--timeout-s` (60 s), with exit 1."""
+    config = (ROOT / "configs" / "frozenlake_sync.yaml").read_text().replace(
+        "  type: random", "  type: random\n  latency_s: 3600")
+    path = tmp_path / "slow.yaml"
+    path.write_text(config)
+    started = time.monotonic()
+    out = cli("up", "--config", str(path), "--redis-url", redis_url, "--run", run,
+              "--seconds", "2", "--timeout-s", "60", "--producers", "1")
+    took = time.monotonic() - started
+    assert out.returncode == 0, out.stderr
+    assert "done: 0 steps" in out.stdout
+    assert took < 40, took
+
+
 @pytest.mark.slow
 def test_produce_seconds_exits_by_itself(r, run, redis_url):
     Batcher(r, small_config(), run=run)
