@@ -329,7 +329,7 @@ def warnings(snap: dict[str, Any], limits: Limits) -> list[str]:
         out += _producer_warnings(producer, limits)
     for mode, info in snap["modes"].items():
         orphans = info["shards_without_live_producer"]
-        if orphans:
+        if orphans and not snap["stopped"]:  # a stopped run's producers have left: expected
             out.append(f"{mode}: {len(orphans)}/{info['shards']} shard(s) with no live "
                        f"producer: {_ranges(orphans)}")
     for batcher in snap["batchers"]:

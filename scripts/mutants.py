@@ -710,6 +710,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_cli_admin.py::test_up_seconds_ends_a_batch_wait_that_would_outlast_it",),
     ),
     Mutant(
+        "status-stopped-run-orphans", "rollstream/watch.py",
+        "        if orphans and not snap[\"stopped\"]:",
+        "        if orphans:",
+        "status does not warn of shards with no live producer on a stopped run",
+        ("tests/test_watch.py::test_a_stopped_run_is_not_warned_about_shards_its_producers_left",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",

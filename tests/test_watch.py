@@ -120,6 +120,18 @@ def test_a_waiting_get_batch_is_shown_with_why(r, run):
     assert not [w for w in snap["warnings"] if "has waited" in w]
 
 
+def test_a_stopped_run_is_not_warned_about_shards_its_producers_left(r, run):
+    """`rollstream stop` ends every producer: its shards having no live producer is what a
+    stop means, not something to look at (it was warned about while the run stayed stopped)."""
+    config, keys = small_config(), Keys(run)
+    Batcher(r, config, run=run)  # published, no producer yet
+    orphaned = [w for w in snapshot(r, keys, config)["warnings"] if "no live producer" in w]
+    assert [w.split(":")[0] for w in orphaned] == ["train", "val"]
+    r.set(keys.stop, 1)
+    snap = snapshot(r, keys, config)
+    assert snap["stopped"] and not [w for w in snap["warnings"] if "no live producer" in w]
+
+
 def test_redis_memory_past_the_limit_is_a_warning_and_the_view_renders(r, run):
     config = small_config()
     keys = Keys(run)
