@@ -7,6 +7,7 @@ and shard (one ROLL worker) `s` holds envs `s*max_env_num_per_worker ..`.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import math
@@ -397,7 +398,7 @@ _SPEC_KEYS = set(EnvSpec.model_fields)
 
 def _drop_unknown(data: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     known_top = set(RolloutConfig.model_fields)
-    unknown = [str(k) for k in data if k not in known_top]
+    unknown = [_named(str(k), known_top) for k in data if k not in known_top]
     cleaned = {k: v for k, v in data.items() if k in known_top}
     for section in ("train_env_manager", "val_env_manager"):
         cleaned[section] = _drop_section(cleaned, section, _MANAGER_KEYS, unknown)
@@ -453,8 +454,17 @@ def _drop_section(
     if not isinstance(section, dict):
         return section
     label = label or key
-    unknown.extend(f"{label}.{k}" for k in section if k not in known)
+    unknown.extend(f"{label}.{_named(str(k), known)}" for k in section if k not in known)
     return {k: v for k, v in section.items() if k in known}
+
+
+def _named(key: str, known: set[str]) -> str:
+    """An unknown key as the warning names it, with the known key it is a typo of if one is
+    that close (`rollout_batch_sise (did you mean rollout_batch_size?)`)."""
+    if key in roll.ROLL_NOT_TYPOS:
+        return key
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.85)
+    return f"{key} (did you mean {close[0]}?)" if close else key
 
 
 class UniqueKeyLoader(yaml.SafeLoader):

@@ -40,6 +40,9 @@ GENERATING_ARGS = {
     "top_k": "top_k",
 }
 POLICY_SOURCES = ("pretrain", "actor_infer")  # top-level ROLL keys read by policy_defaults
+# ROLL's own top-level keys one edit from one of ours: never suggested as a typo (`custom_env`
+# holds the env definitions that `custom_envs` interpolates in ROLL's pipeline files)
+ROLL_NOT_TYPOS = frozenset({"custom_env"})
 
 
 def needs_composition(data: Any) -> bool:

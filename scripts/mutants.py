@@ -717,6 +717,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_watch.py::test_a_stopped_run_is_not_warned_about_shards_its_producers_left",),
     ),
     Mutant(
+        "config-did-you-mean", "schemas/config.py",
+        "    return f\"{key} (did you mean {close[0]}?)\" if close else key\n",
+        "    return key\n",
+        "an unknown config key one typo from a known one is named with it",
+        ("tests/test_config.py::test_an_unknown_key_one_typo_from_a_known_one_is_named_with_it",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",

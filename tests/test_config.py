@@ -119,6 +119,20 @@ def test_unknown_keys_are_ignored_with_one_warning_listing_them(caplog):
         assert key in warnings[0]
 
 
+def test_an_unknown_key_one_typo_from_a_known_one_is_named_with_it(caplog):
+    """`rollout_batch_sise: 128` ran with the default batch size and a warning that did not
+    say which key was meant; ROLL's own `custom_env` is not taken for a typo."""
+    with caplog.at_level(logging.WARNING):
+        load(rollout_batch_sise=128, custom_env={"X": 1}, pipeline_cls="roll.Pipeline",
+             train_env_manager=manager(num_env_group=8))
+    (warning,) = [r.getMessage() for r in caplog.records if "unknown config keys" in
+                  r.getMessage()]
+    assert "rollout_batch_sise (did you mean rollout_batch_size?)" in warning
+    assert "train_env_manager.num_env_group (did you mean num_env_groups?)" in warning
+    assert "custom_env," in warning and "custom_env (" not in warning
+    assert "pipeline_cls (" not in warning
+
+
 def test_val_group_size_above_one_is_allowed_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING):
         config = load(val_env_manager=manager(group_size=2))
@@ -220,3 +234,4 @@ def test_cli_bad_file_and_bad_command_line_exit_2(tmp_path):
     assert run_cli("produce", "--redis-url", "bogus://x", "--run", "x").returncode == 2
     missing = run_cli("produce", "--run", "x")
     assert missing.returncode == 2 and "no Redis URL" in missing.stderr
+    assert "REDIS_URL, or give the --config file a redis_url" in missing.stderr

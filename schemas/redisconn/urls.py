@@ -77,7 +77,8 @@ def is_sentinel_url(url: str) -> bool:
 def check_url(url: str | None) -> str:
     """The URL if rollstream can use it, else `RedisUrlError` naming it (masked)."""
     if not url:
-        raise RedisUrlError("no Redis URL: pass --redis-url or set ROLLSTREAM_REDIS_URL")
+        raise RedisUrlError("no Redis URL: pass --redis-url, set ROLLSTREAM_REDIS_URL or "
+                            "REDIS_URL, or give the --config file a redis_url")
     scheme = scheme_of(url)
     if scheme not in SCHEMES:
         raise RedisUrlError(f"bad Redis URL {mask_url(url)!r}: the scheme must be one of "
