@@ -60,6 +60,7 @@ from schemas.redisconn import (
     run_client,
     transaction,
 )
+from schemas.repeats import Repeats
 from schemas.stats import STATS_KEEP_S, MetricsServer, serve_metrics
 
 logger = logging.getLogger(__name__)
@@ -285,6 +286,7 @@ class Batcher:
         self.alive_ttl_ms = alive_ttl_ms
         # a closed batcher's word outlives the time its entries need to become claimable
         self._alive = _Heartbeat(self, alive_ttl_ms, claim_idle_ms + 3 * alive_ttl_ms)
+        self._repeats = Repeats(logger)  # a group failing every episode: not a line each
         # other consumers seen holding entries without a liveness key: (mode, name) -> when
         # first seen so (monotonic); claimed from only once that has lasted a whole ttl
         self._suspects: dict[tuple[str, str], float] = {}
@@ -839,7 +841,8 @@ class Batcher:
             if state.members - len(slot.failed) < state.group_size:
                 self._finish(state, slot)
                 self._count(state, "scheduler/failed_groups")
-                logger.warning("dropping group %s: a member failed (%s)", key, msg.get("error"))
+                self._repeats.warning(f"dropping group {key}: a member failed "
+                                      f"({msg.get('error')})")
                 return slot.entries()
             return []
         slot.members[msg["member"]] = (entry, msg)

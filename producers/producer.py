@@ -60,6 +60,7 @@ from schemas.redisconn import (
     mask_url,
     publish,
 )
+from schemas.repeats import Repeats
 from schemas.stats import RECORD_MIN_INTERVAL_S, STATS_KEEP_S, MetricsServer
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ class Producer:
         self._handovers: set[asyncio.Task[None]] = set()
         self._releasing: set[ShardId] = set()  # shards being handed over, lease not yet freed
         self.stats = ProducerStats(self.producer_id)  # counters for status and /metrics
+        self._repeats = Repeats(logger)  # an env failing every episode: not a line each
         self.stats.held = self._held
         self._metrics: MetricsServer | None = None
         self._reported_at = -RECORD_MIN_INTERVAL_S  # monotonic time of the last stats record
@@ -772,13 +774,13 @@ class Producer:
         for attempt in range(attempts):
             error = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, EpisodeFailed):  # retrying cannot help (a model server's 4xx)
-                logger.warning("env %s (%s) episode %d failed: %s", slot.env_id, slot.tag,
-                               slot.k, error)
+                self._repeats.warning(f"env {slot.env_id} ({slot.tag}) episode {slot.k} "
+                                      f"failed: {error}")
                 break
             # an env bug must not kill the producer
             self.stats.env_error(slot.mode, slot.tag, retried=attempt + 1 < attempts)
-            logger.warning("env %s (%s) episode %d raised on attempt %d/%d: %s",
-                           slot.env_id, slot.tag, slot.k, attempt + 1, attempts, error)
+            self._repeats.warning(f"env {slot.env_id} ({slot.tag}) episode {slot.k} raised "
+                                  f"on attempt {attempt + 1}/{attempts}: {error}")
             if attempt + 1 == attempts:
                 break
             try:

@@ -724,6 +724,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_config.py::test_an_unknown_key_one_typo_from_a_known_one_is_named_with_it",),
     ),
     Mutant(
+        "repeated-warnings-held-back", "schemas/repeats.py",
+        "        if seen is not None and now - seen[0] < self.every_s:\n",
+        "        if False:\n",
+        "a warning repeated for every failed episode or dropped group is logged once per 30 s",
+        ("tests/test_repeats.py::test_an_env_that_always_raises_is_not_a_line_per_episode",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",
