@@ -201,7 +201,7 @@ class Progress:
             return
         rate = self.delivered / max(1e-9, now - self.started)
         tags = " ".join(f"{tag}={value:.2f}" for tag, value in point.success.items())
-        line = (f"step {step + 1} v{batch.version}  wait {point.wait_s:.2f}s  "
+        line = (f"step {step} v{batch.version}  wait {point.wait_s:.2f}s  "
                 f"{rate:,.0f} traj/s  success {tags}  stale_dropped "
                 f"{int(batch.metrics.get('scheduler/stale_dropped', 0))}")
         width = shutil.get_terminal_size((100, 24)).columns

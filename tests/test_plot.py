@@ -81,7 +81,9 @@ def test_up_on_a_terminal_redraws_one_line_and_writes_the_plot(tmp_path, redis_u
     out = b"".join(chunks).decode()
     assert proc.returncode == 0, err.decode() + out
     assert out.count("\r\x1b[2K") >= 4  # the line is redrawn in place, step after step
-    assert "step 4 v3" in out and "traj/s" in out and "done: 4 steps" in out
+    # the step numbered as the plain lines number it (it said "step 4" for the pipe's "step 3")
+    assert "step 3 v3" in out and "step 4 " not in out
+    assert "traj/s" in out and "done: 4 steps" in out
     assert "step 0    v0" not in out  # not the plain line per step
     assert f"plot: {png}" in out
     assert_png(png, min_height=700)
