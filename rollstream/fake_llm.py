@@ -721,9 +721,30 @@ def _raise_fd_limit() -> None:
 
 
 # -- command line ----------------------------------------------------------------------------
+OPTION_HELP = {  # `rollstream fake-llm --help`, one line per FakeLLMOptions field
+    "model": "the model name it serves (GET /v1/models; requests naming another get 404)",
+    "p_good": "probability of a good move at temperature > 0 (at 0: always good)",
+    "malformed_share": "share of the other replies with no <answer> tag",
+    "think_words": "words of <think> reasoning in each reply",
+    "latency_s": "median seconds per request",
+    "latency_sigma": "lognormal spread of the latency (0: always latency_s)",
+    "error_rate": "share of requests answered HTTP 500",
+    "hang_rate": "share of requests never answered (until the client gives up)",
+    "drop_rate": "share of requests whose connection is closed unanswered",
+    "seed": "seed of the replies (with each request's own seed)",
+    "token_ids": "honour return_token_ids (--no-token-ids: an older server)",
+    "drop_thinking": "the chat template drops earlier <think> blocks (Qwen3-like)",
+    "weight_version": "the weight_version it reports before any update (SGLang: 'default')",
+    "model_path": "the weights it says it holds before any update",
+    "load_time_s": "seconds a weight update takes",
+    "during_load": "requests that come while weights load: wait or abort",
+    "max_model_len": "context window: a prompt plus max_tokens past it gets vLLM's HTTP 400",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`rollstream fake-llm` options."""
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
     parser.add_argument("--api-key-env", default=None,
                         help="require the bearer token held by this environment variable")
@@ -733,10 +754,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         flag = "--" + spec.name.replace("_", "-")
         value = getattr(defaults, spec.name)
+        described = f"{OPTION_HELP[spec.name]} (default: {value})"
         if isinstance(value, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value,
+                                help=OPTION_HELP[spec.name])
         else:
-            parser.add_argument(flag, type=type(value), default=value)
+            parser.add_argument(flag, type=type(value), default=value, help=described)
 
 
 def options_from_args(args: argparse.Namespace) -> FakeLLMOptions:

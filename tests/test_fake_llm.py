@@ -289,3 +289,18 @@ def test_during_load_abort_answers_new_requests_with_abort(fake_llm) -> None:
     _, data = http(f"{server.base_url}/chat/completions", chat_body(messages))
     assert data["choices"][0]["finish_reason"] == "stop"
     assert data["metadata"] == {"weight_version": "2"}
+
+
+def test_every_fake_llm_option_says_what_it_does() -> None:
+    import argparse
+    from dataclasses import fields
+
+    from rollstream.fake_llm import FakeLLMOptions, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    helps = {action.dest: action.help for action in parser._actions}
+    for spec in fields(FakeLLMOptions):
+        if spec.name != "api_key":
+            assert helps[spec.name], spec.name
+    assert "(default: 0.8)" in helps["p_good"]
