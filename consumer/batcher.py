@@ -36,6 +36,7 @@ from schemas.backoff import Backoff
 from schemas.codec import ENTRY_FIELD, decode_trajectory, pack, unpack
 from schemas.config import RolloutConfig
 from schemas.errors import (
+    BatcherConflict,
     BatchTimeout,
     ConfigError,
     DecodeError,
@@ -99,6 +100,17 @@ return {1, cur}
 # A train batch is handed out: record it (a restarted Batcher hands out this very batch
 # again) and, in sync mode, pause the producers once every batcher has its batch, in one
 # atomic step, so a lost connection can never leave a batch handed out without its pause.
+TAKE_NAME_LUA = """
+-- KEYS: the liveness key; ARGV: this batcher's mark, the closed word, ttl ms
+-- free (missing, closed, or ours): take it, return nil; else {the holder's mark, its PTTL}
+local held = redis.call('GET', KEYS[1])
+if not held or held == ARGV[2] or held == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+  return nil
+end
+return {held, redis.call('PTTL', KEYS[1])}
+"""
+
 HAND_OUT_LUA = """
 -- KEYS: inflight, sync_handed, pause; ARGV: inflight record, sync (0/1), index, count
 redis.call('SET', KEYS[1], ARGV[1])
@@ -182,18 +194,46 @@ class _Heartbeat:
         # what this batcher writes: another live batcher of the same name writes its own
         self._token = uuid.uuid4().hex.encode()
         self._namesake_warned = False
+        self._take = batcher.redis.register_script(TAKE_NAME_LUA)
         self._beats = Periodic(batcher, lambda owner: owner._alive._beat(), ttl_ms / 3000,
                                name=f"rollstream-{self._key}",
                                what=f"refreshing {self._key}", log_level=logging.DEBUG)
         self._started = False
 
     def start(self) -> None:
-        """Write the key now (raises a Redis error) and keep it fresh; once only."""
+        """Take the name (`_take_name`), then keep the key fresh; once only. Raises a Redis
+        error, or `BatcherConflict`."""
         if self._started:
             return
-        self._beat()
+        self._take_name()
         self._beats.start()
         self._started = True
+
+    def _take_name(self) -> None:
+        """Write this batcher's mark, atomically, once the key is free: missing, `closed`,
+        or the mark of a batcher whose process died (a trainer restarted within the ttl:
+        its previous life's key expires unrefreshed, at most `ttl_ms`). A key refreshed
+        meanwhile belongs to a live batcher of the same name: `BatcherConflict`, before this
+        one reads the name's pending entries (it took the live one's unacked batch)."""
+        deadline = time.monotonic() + self._ttl_ms / 1000 + 1.0
+        last_ttl: int | None = None
+        while True:
+            held = self._take(keys=[self._key], args=[self._token, CLOSED, self._ttl_ms])
+            if held is None:
+                return
+            pttl = int(held[1])
+            if (last_ttl is not None and pttl > last_ttl) or time.monotonic() > deadline:
+                raise BatcherConflict(
+                    f"another live batcher is named {self._consumer!r} on this run (its "
+                    f"liveness key {self._key} is kept fresh): two batchers of one name take "
+                    "each other's unacked batches; give each trainer its own index and count "
+                    "(or consumer), or stop the other one")
+            if last_ttl is None:
+                logger.info("batcher %s: its name's liveness key holds another mark; waiting "
+                            "up to %d ms for it to expire (this trainer's previous life?)",
+                            self._consumer, pttl)
+            last_ttl = pttl
+            time.sleep(min(0.1, self._ttl_ms / 30000))
 
     def stop(self) -> None:
         """Stop refreshing and mark the key `closed` (best effort)."""

@@ -44,6 +44,11 @@ class RunConflict(ConfigError):
     and the command that resets the run."""
 
 
+class BatcherConflict(RollstreamError):
+    """Another live batcher holds this batcher's name on the run (two trainers started with
+    the same `index`/`consumer`): they would take each other's unacked batches."""
+
+
 class VersionConflict(RollstreamError):
     """`publish_version(v)` when the run is not at v - 1 (nor already at v)."""
 

@@ -731,6 +731,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_repeats.py::test_an_env_that_always_raises_is_not_a_line_per_episode",),
     ),
     Mutant(
+        "batcher-refuses-a-live-namesake", "consumer/batcher.py",
+        "        self._take_name()\n        self._beats.start()\n",
+        "        self._beat()\n        self._beats.start()\n",
+        "a second live batcher of one name is refused, not handed the first one's batch",
+        ("tests/test_rollout.py::test_a_second_live_batcher_of_the_same_name_is_refused_not_"
+         "handed_the_batch",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",

@@ -6,7 +6,6 @@ import asyncio
 import gc
 import inspect
 import json
-import logging
 import subprocess
 import sys
 import threading
@@ -40,7 +39,7 @@ from producers.policies import StepContext
 from producers.policies.random import RandomPolicy
 from rollstream.watch import snapshot
 from schemas.codec import ENTRY_FIELD, decode_trajectory, encode_trajectory
-from schemas.errors import BatchTimeout, ConfigError, StepExhausted
+from schemas.errors import BatcherConflict, BatchTimeout, ConfigError, StepExhausted
 from schemas.keys import Keys
 from schemas.liveness import live_producers
 from schemas.redisconn import async_client
@@ -334,25 +333,50 @@ def test_a_batcher_whose_key_lapsed_in_an_outage_keeps_its_batch(
     new.close()
 
 
-def test_a_second_live_batcher_of_the_same_name_is_named_in_a_warning(r, run, caplog):
-    """Two trainers started with the default consumer name split each other's groups and
-    both time out; each batcher's beat now sees the other's mark in the liveness key and
-    says so. A batcher of that name after a clean close() is no such second one."""
-    first = Batcher(r, small_config(), run=run)
-    again = Batcher(r, small_config(), run=run)  # the same name: batcher-0
-    with caplog.at_level(logging.WARNING, logger="consumer.batcher"):
-        for batcher in (first, again):
-            with pytest.raises(BatchTimeout):
-                batcher.get_batch(timeout_s=0)  # its first call starts its beat
-        said = [rec.getMessage() for rec in caplog.records]
-        assert any("another live batcher is named 'batcher-0'" in m for m in said), said
-        first.close()
-        again.close()
-        caplog.clear()
-        with Batcher(r, small_config(), run=run) as restarted:
-            with pytest.raises(BatchTimeout):
-                restarted.get_batch(timeout_s=0)
-        assert not any("another live batcher" in rec.getMessage() for rec in caplog.records)
+def test_a_second_live_batcher_of_the_same_name_is_refused_not_handed_the_batch(
+        r, run, producer_thread):
+    """Two trainers started with the default consumer name: the second was handed the first
+    one's unacked batch at once (its pending entries are the name's), both trained on it and
+    published, and the run stalled (an audit saw 128 trajectories delivered twice). The
+    second now finds the name's liveness key kept fresh and refuses, before it reads them.
+    After the first's clean close() the name is free at once."""
+    config = small_config()
+    producer_thread()
+    first = Batcher(r, config, run=run, alive_ttl_ms=1500)
+    held = first.get_batch(timeout_s=30)  # and now it trains, unacked
+    again = Batcher(r, config, run=run, alive_ttl_ms=1500)  # the same name: batcher-0
+    with pytest.raises(BatcherConflict, match="another live batcher is named 'batcher-0'"):
+        again.get_batch(timeout_s=30)
+    first.ack(held)
+    first.publish_version()
+    first.close()
+    with Batcher(r, config, run=run, alive_ttl_ms=1500) as restarted:
+        batch = restarted.get_batch(timeout_s=30)
+        assert set(batch.traj_ids).isdisjoint(held.traj_ids)
+
+
+def test_a_trainer_restarted_within_the_ttl_waits_for_its_previous_lifes_key(r, run,
+                                                                          redis_url,
+                                                                          producer_thread):
+    """A SIGKILLed trainer's liveness key lives on for up to its ttl, refreshed by nobody: a
+    trainer restarted at once with the same name waits for it to expire (not refused) and
+    gets the unacked batch again."""
+    config = small_config()
+    producer_thread()
+    script = KEEPS_A_BATCH.replace('consumer="old-trainer",\n                  alive_ttl_ms=600',
+                                   "alive_ttl_ms=3000")  # the default name: batcher-0
+    assert script != KEEPS_A_BATCH
+    old = subprocess.Popen([sys.executable, "-c", script, redis_url, run, config.to_json()],
+                           cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        first = set(json.loads(old.stdout.readline()))
+    finally:
+        old.kill()
+        old.wait(10)
+    alive = Keys(run).batcher_alive("batcher-0")
+    assert r.pttl(alive) > 500  # its previous life's key, not refreshed any more
+    with Batcher(r, config, run=run) as restarted:
+        assert set(restarted.get_batch(timeout_s=30).traj_ids) == first
 
 
 def test_a_dropped_batcher_is_freed_without_a_full_collection(r, run):
