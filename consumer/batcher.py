@@ -74,6 +74,17 @@ LOOK_EVERY_S = 1.0  # a waiting train get_batch looks this often whether more ca
 
 # Version v is published only over v - 1; publishing v again is a no-op (a retry whose reply
 # was lost), anything else is a conflict. Weights land in the same atomic step.
+# Redis holds an older version than this trainer published (it lost writes): put it back,
+# never lower what another batcher of the run has published since
+RAISE_VERSION_LUA = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if cur < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+
 PUBLISH_LUA = """
 -- KEYS: version, weights of v, weights kept (list); ARGV: v, has weights, weights, kept
 -- The weights of the versions that fall off the list are deleted: their names are built
@@ -420,6 +431,9 @@ class Batcher:
         """Read the version; if the run's keys are gone (a Redis restarted without
         persistence), put back what the trainer knows: config, version, consumer groups."""
         raw = self.redis.get(self.keys.version)
+        if raw is not None and int(raw) < self.version and self._owns_config:
+            self._put_version_back(int(raw))
+            return
         if raw is not None:
             self.version = int(raw)
             return
@@ -433,6 +447,24 @@ class Batcher:
         self._create_groups()
         if self._last_weights is not None and self._last_weights[0] == self.version:
             self.redis.set(self.keys.weights(self.version), self._last_weights[1])
+
+    def _put_version_back(self, found: int) -> None:
+        """Redis holds version `found`, older than the one this trainer published: it came
+        back from an older state (an RDB snapshot, an AOF without `appendfsync always`, a
+        failover to a replica behind). Followed, the run went back in time: the steps since
+        were trained again on trajectories already trained on, and their versions published
+        twice for different weights. The version goes back up instead, so the episodes of
+        the lost steps expire rather than train twice."""
+        logger.warning(
+            "run %s: Redis holds version %d, behind the %d this trainer published: it lost "
+            "writes (restarted from an older snapshot? run it with appendonly yes and "
+            "appendfsync always); putting version %d back, so the episodes of the lost steps "
+            "expire instead of training twice", self.keys.run, found, self.version,
+            self.version)
+        self.redis.eval(RAISE_VERSION_LUA, 1, self.keys.version, self.version)
+        if self._last_weights is not None and self._last_weights[0] == self.version:
+            self.redis.set(self.keys.weights(self.version), self._last_weights[1], nx=True)
+        publish(self.redis, self.keys.control, b"version")
 
     def _create_groups(self) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -640,7 +672,9 @@ class Batcher:
             return int(reply[0]), int(reply[1])
 
         code, current = publish()
-        if code == -2:  # no version key: Redis lost the run (restarted without persistence)
+        if code == -2 or (code == -1 and int(current) < self.version):
+            # no version key: Redis lost the run (restarted without persistence); an older
+            # one: it lost writes. Either way, what this trainer knows goes back first
             self._sync_version()  # puts back config, version and groups, as get_batch does
             code, current = publish()
         if code < 0:

@@ -492,7 +492,8 @@ def _admin(args: argparse.Namespace) -> int:
     keys = Keys(run)
     if args.command == "reset":
         return _reset(client, keys, args.yes)
-    config = _published_config(client, keys)
+    live = live_producers(client, keys)
+    config = _published_config(client, keys, live, args.command == "status")
     if args.command in ("pause", "resume"):
         if args.command == "pause":
             client.sadd(keys.pause, "operator")
@@ -505,20 +506,33 @@ def _admin(args: argparse.Namespace) -> int:
     if args.command == "stop":
         client.set(keys.stop, 1)
         publish(client, keys.control, b"stop")
-        live = len(live_producers(client, keys))
-        print(f"run {keys.run}: stopped; {live} live producer(s) exit now "
-              "(a trainer that starts the run again resumes it)")
+        print(f"run {keys.run}: stopped; {len(live_producers(client, keys))} live "
+              "producer(s) exit now (a trainer that starts the run again resumes it)")
         return 0
+    assert config is not None
     return _status(client, keys, config, args)
 
 
-def _published_config(client: SyncClient, keys: Keys) -> RolloutConfig:
-    """The run's published config; a run without one does not exist (exit 1)."""
+def _published_config(client: SyncClient, keys: Keys, live: dict[str, float],
+                      needed: bool) -> RolloutConfig | None:
+    """The run's published config. A run without one and without live producers does not
+    exist (exit 1). With live producers, Redis lost it (restarted without persistence while
+    no trainer ran): `stop`, `pause` and `resume` still reach them (None); `status`, which
+    needs the config, says so (exit 1)."""
     raw = client.get(keys.config)
-    if raw is None:
+    if raw is not None:
+        return RolloutConfig.from_json(raw)
+    if not live:
         raise RunNotFound(f"run {keys.run!r} does not exist here (no config at {keys.config}; "
                           "a trainer publishes it when it starts)")
-    return RolloutConfig.from_json(raw)
+    if not needed:
+        return None
+    raise RunNotFound(
+        f"run {keys.run!r} has {len(live)} live producer(s) ({', '.join(sorted(live))}) but no "
+        f"config at {keys.config}: Redis lost it (restarted without persistence while no "
+        "trainer ran?); the producers go on with theirs, a trainer started again publishes "
+        f"it (from version 0: the version was lost too), `rollstream stop --run {keys.run}` "
+        "ends them")
 
 
 def _reset(client: SyncClient, keys: Keys, yes: bool) -> int:

@@ -216,15 +216,15 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "producer-sync-weights", "producers/weights.py",
-        "return self.sync and self.version < run_version",
-        "return False",
+        "        return self.version < (run_version if self.sync else floor)\n",
+        "        return self.version < (-1 if self.sync else floor)\n",
         "sync mode acts only with the weights of the run's version",
         ("tests/test_weights.py::test_sync_steps_wait_for_the_weights_of_the_current_version",),
     ),
     Mutant(
         "producer-4xx-no-retry", "producers/producer.py",
-        "                               slot.k, error)\n                break\n",
-        "                               slot.k, error)\n",
+        "                                      f\"failed: {error}\")\n                break\n",
+        "                                      f\"failed: {error}\")\n",
         "an episode failed by a model server's 4xx is not retried (no retry storm)",
         ("tests/test_llm_policy.py::test_a_4xx_fails_the_episode_without_retries",),
     ),
@@ -275,7 +275,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "openai-require-version", "producers/policies/openai.py",
-        "min_version = ctx.version - self._ratio if config.require_version else None",
+        "min_version = self._min_version(ctx) if config.require_version else None",
         "min_version = None",
         "require_version: a turn goes only to a server within the staleness bound",
         (f"{GEN}::test_require_version_holds_turns_until_a_server_catches_up",),
@@ -600,8 +600,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "publish-restores-lost-run", "consumer/batcher.py",
-        "        if code == -2:  # no version key",
-        "        if False:  # no version key",
+        "        if code == -2 or (code == -1 and int(current) < self.version):\n",
+        "        if code == -1 and int(current) < self.version:\n",
         "a publish after Redis lost the run's keys puts them back (not VersionConflict)",
         ("tests/test_redis_crash.py::"
          "test_redis_losing_all_data_heals_without_doubles[before publish]",),
@@ -737,6 +737,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "a second live batcher of one name is refused, not handed the first one's batch",
         ("tests/test_rollout.py::test_a_second_live_batcher_of_the_same_name_is_refused_not_"
          "handed_the_batch",),
+    ),
+    Mutant(
+        "batcher-puts-the-version-back", "consumer/batcher.py",
+        "        if raw is not None and int(raw) < self.version and self._owns_config:\n",
+        "        if False:\n",
+        "a Redis back from an older snapshot does not take a live trainer's run back in time",
+        ("tests/test_redis_crash.py::test_redis_back_from_an_older_snapshot_does_not_take_the_"
+         "run_back_in_time",),
+    ),
+    Mutant(
+        "orphaned-producers-reachable", "rollstream/cli.py",
+        "    if not needed:\n        return None\n",
+        "    if False:\n        return None\n",
+        "stop/pause reach producers whose run's config Redis lost",
+        ("tests/test_redis_crash.py::test_producers_that_outlived_their_runs_config_can_still_"
+         "be_stopped",),
     ),
     Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",

@@ -51,7 +51,9 @@ def test_up_seconds_and_val_every(redis_url, run):
     lines = out.stdout.splitlines()
     steps = [x for x in lines if x.startswith("step")]
     vals = [x for x in lines if x.strip().startswith("val")]
-    assert len(steps) >= 2 and len(vals) == len(steps) // 2
+    assert len(steps) >= 2
+    # every second step a val round; one due once --seconds is over is not started
+    assert len(steps) // 2 - 1 <= len(vals) <= len(steps) // 2
     assert "trajs    32" in vals[0]  # one val round: 32 FrozenLake val envs
 
 

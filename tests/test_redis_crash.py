@@ -8,7 +8,8 @@ import time
 
 import pytest
 import redis
-from helpers import ProducerThread, publish, small_config
+from helpers import ProducerThread, publish, small_config, wait_for
+from helpers import run_cli as cli
 from proxy import RedisProxy
 
 from consumer import Batcher
@@ -109,6 +110,85 @@ def test_redis_losing_all_data_heals_without_doubles(when):
         assert len(delivered) == len(set(delivered)) == 5 * 16
         assert int(client.get("{amnesia}:version")) == 5
         assert producer.stop() == 0
+    finally:
+        if producer is not None and producer.thread.is_alive():
+            producer.stop()
+        client.close()
+        server.stop()
+
+
+def test_redis_back_from_an_older_snapshot_does_not_take_the_run_back_in_time():
+    """Redis restarts from an RDB snapshot two steps old (or an AOF without `appendfsync
+    always`): the version, cursors, streams and acks go back. Followed, the trainer was handed
+    episodes it had trained on and published versions 3 and 4 again for other weights (an
+    audit: 88 trajectories delivered twice). The version goes back up; the lost steps'
+    episodes expire."""
+    server = EmbeddedRedis(appendonly=False)
+    url = server.start()
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
+    producer = None
+    try:
+        config = small_config(rollout_batch_size=16, async_generation_ratio=1,
+                              lease_ttl_s=1.5)
+        batcher = Batcher(client, config, run="snapshot", block_ms=200)
+        producer = ProducerThread(Producer(url, "snapshot", handle_signals=False,
+                                           poll_interval_s=0.05)).start()
+        delivered: list[str] = []
+        versions: list[int] = []
+        for step in range(6):
+            if step == 4:
+                server.kill()
+                server.start()  # from the snapshot of step 2: version 2
+                assert int(client.get("{snapshot}:version")) == 2
+            batch = batcher.get_batch("train", timeout_s=60)
+            delivered += batch.traj_ids
+            versions.append(batch.version)
+            batcher.ack(batch)
+            publish(batcher)
+            if step == 1:
+                client.save()  # dump.rdb in the server's folder, read at its next start
+        assert versions == [0, 1, 2, 3, 4, 5]
+        assert len(delivered) == len(set(delivered)) == 6 * 16
+        assert int(client.get("{snapshot}:version")) == 6
+        assert producer.stop() == 0
+    finally:
+        if producer is not None and producer.thread.is_alive():
+            producer.stop()
+        client.close()
+        server.stop()
+
+
+def test_producers_that_outlived_their_runs_config_can_still_be_stopped():
+    """Redis restarts without persistence while no trainer runs: the producers go on and
+    write their heartbeats, leases and cursors again, but not the config. `status`, `stop`
+    and `pause` said the run did not exist (exit 1), so only `reset` reached them."""
+    server = EmbeddedRedis(appendonly=False)
+    url = server.start()
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
+    producer = None
+    try:
+        batcher = Batcher(client, small_config(lease_ttl_s=1.5), run="orphan", block_ms=200)
+        producer = ProducerThread(Producer(url, "orphan", handle_signals=False,
+                                           poll_interval_s=0.05)).start()
+        batcher.ack(batcher.get_batch("train", timeout_s=30))
+        batcher.close()  # the trainer ends
+        server.kill()
+        server.start()  # empty
+        wait_for(lambda: client.zcard("{orphan}:producers") == 1,
+                 what="the producer's heartbeat in the new Redis")
+        assert not client.exists("{orphan}:config")
+        status = cli("status", "--redis-url", url, "--run", "orphan")
+        assert status.returncode == 1
+        assert "has 1 live producer(s)" in status.stderr and "no config at" in status.stderr
+        assert "rollstream stop --run orphan" in status.stderr
+        paused = cli("pause", "--redis-url", url, "--run", "orphan")
+        assert paused.returncode == 0 and "['operator']" in paused.stdout
+        stopped = cli("stop", "--redis-url", url, "--run", "orphan")
+        assert stopped.returncode == 0, stopped.stderr
+        producer.thread.join(20)
+        assert producer.result == [0]
+        gone = cli("status", "--redis-url", url, "--run", "orphan")
+        assert gone.returncode == 1 and "does not exist here" in gone.stderr
     finally:
         if producer is not None and producer.thread.is_alive():
             producer.stop()
