@@ -96,6 +96,7 @@ class ShardRun:
     slots: list[EnvSlot]
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     draining: bool = False  # handing over: finish the episode in flight, then stop
+    lease_lost: int = 0  # commits of its envs fenced off (logged at the first)
 
 
 class Producer:
@@ -721,7 +722,10 @@ class Producer:
                         slot.k = k + 1
                         break
                     if outcome is Outcome.LEASE_LOST:
-                        logger.warning("shard %s: lease lost at commit", run.shard)
+                        run.lease_lost += 1
+                        if run.lease_lost == 1:  # its every env finds it: one line a shard
+                            logger.warning("shard %s: lease lost at commit; its envs stop",
+                                           run.shard)
                         return
                     if outcome is Outcome.STALE_ROUND:
                         break

@@ -755,6 +755,13 @@ MUTANTS: tuple[Mutant, ...] = (
          "be_stopped",),
     ),
     Mutant(
+        "lease-lost-said-once-a-shard", "producers/producer.py",
+        "                        if run.lease_lost == 1:",
+        "                        if True:",
+        "a shard's lost lease is logged once, not by each of its envs' fenced commits",
+        ("tests/test_metrics.py::test_a_commit_fenced_by_a_lost_lease_is_counted_refused",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",

@@ -215,7 +215,9 @@ def test_env_errors_replays_and_failed_groups_are_counted(r, run, producer_threa
         scrape(f"http://127.0.0.1:{page.port}/metrics")
 
 
-def test_a_commit_fenced_by_a_lost_lease_is_counted_refused(r, run, producer_thread):
+def test_a_commit_fenced_by_a_lost_lease_is_counted_refused(r, run, producer_thread, caplog):
+    """... and said once per shard: every env of the shard meets the fence (an audit saw 58
+    lines within a second after a Redis restart)."""
     config = small_config(lease_ttl_s=30.0, policy={"type": "random", "latency_s": 1.0},
                           custom_envs={"One": {"env_id": ONE_STEP_ENV_ID}},
                           train_env_manager={"tags": ["One"]}, val_env_manager=None)
@@ -241,6 +243,11 @@ def test_a_commit_fenced_by_a_lost_lease_is_counted_refused(r, run, producer_thr
     assert value(seen, "rollstream_trajectories_committed_total", mode="train",
                  tag="One") == before
     assert stream_entries() == before
+    wait_for(lambda: stats.in_flight["train"] == 0, what="every env's commit fenced")
+    fenced = [rec.getMessage() for rec in caplog.records if "lease lost at commit" in
+              rec.getMessage()]
+    assert sorted(fenced) == [f"shard ('train', {s}): lease lost at commit; its envs stop"
+                              for s in range(2)]
     thread.stop()
 
 
