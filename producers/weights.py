@@ -12,10 +12,12 @@ version may be all there is yet), decodes them off the loop and sets them, once 
 producer's envs. Every step records `version` (the weights that chose it; 0 = the factory's
 weights when nothing was loaded). In sync mode (`async_generation_ratio: 0`) a step waits
 until the policy holds the run's version (`must_wait`): a step stamped older would be dropped
-as stale. In async mode a train episode waits only for the weights of the step it belongs to
-(`create(k)`, at most the run's version): admitted by a version whose weights are still
-loading, it would otherwise start with older ones and reach the trainer more than `ratio`
-versions stale. Episodes already under way go on with the weights at hand.
+as stale. In async mode a train episode waits only until the follower has looked for the
+weights of the step it belongs to (`create(k)`, at most the run's version) and loaded what it
+found: admitted by a version whose weights are still loading, it would otherwise start with
+older ones and reach the trainer more than `ratio` versions stale. A version published without
+weights has none coming (`publish_version` writes both at once): its episodes go on with the
+newest there are. Episodes already under way go on with the weights at hand.
 """
 
 from __future__ import annotations
@@ -61,14 +63,18 @@ class WeightsFollower:
         self.holds = 0  # times a step was held back waiting for weights (sync mode)
         self.error: PolicyError | None = None  # the policy refused weights: the producer exits
         self._first = True
+        self.looked = -1  # the run version of the last look for weights (what it found loaded)
         self._missing: tuple[int, float] | None = None  # (version, since) without weights
         self._warned = -1
 
     def must_wait(self, run_version: int, floor: int = 0) -> bool:
         """Hold the step until the policy's weights are new enough. Sync mode: the run
-        version's. Async mode: `floor`, the step its episode belongs to (`create(k)`):
-        weights older than that would be handed out more than `ratio` versions stale."""
-        return self.version < (run_version if self.sync else floor)
+        version's. Async mode: what Redis holds for `floor`, the step its episode belongs to
+        (`create(k)`): the newest weights at or below it, once the follower has looked for
+        them (and loaded them). A version's weights are written with the version itself
+        (`publish_version`), so a version without weights has none coming: its episodes go
+        on with the newest there are, as the trainer left them."""
+        return self.version < run_version if self.sync else self.looked < floor
 
     async def run(self, stop: asyncio.Event, backoff: Backoff) -> None:
         """Follow the version until `stop`; a `PolicyError` sets `error` and `stop`."""
@@ -102,7 +108,11 @@ class WeightsFollower:
         found = await self._newest(candidates)
         self._first = False
         if found is not None:
-            await self._load(*found)
+            await self._load(*found)  # wakes the envs: they act with them from their next step
+        if target > self.looked:
+            self.looked = target
+            if found is None:
+                self.state.wake_all()  # episodes waiting for this look go on with what is held
         if self.version >= target or target == 0:
             self._missing = None
             return True
@@ -152,8 +162,7 @@ class WeightsFollower:
         if waited_s >= MISSING_WARN_S and self._warned != target:
             self._warned = target
             what = ("sync mode waits for them" if self.sync
-                    else f"episodes of step {target} wait for them; older ones act with "
-                         f"version {self.version}'s")
+                    else f"acting with version {self.version}'s")
             logger.warning("run version %d has no weights at %s after %.0fs (%s); a trainer "
                            "of this policy publishes them: publish_version(weights=...)",
                            target, self._keys.weights(target), waited_s, what)

@@ -216,8 +216,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "producer-sync-weights", "producers/weights.py",
-        "        return self.version < (run_version if self.sync else floor)\n",
-        "        return self.version < (-1 if self.sync else floor)\n",
+        "        return self.version < run_version if self.sync else self.looked < floor\n",
+        "        return False if self.sync else self.looked < floor\n",
         "sync mode acts only with the weights of the run's version",
         ("tests/test_weights.py::test_sync_steps_wait_for_the_weights_of_the_current_version",),
     ),
@@ -688,12 +688,19 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "async-weights-of-the-step", "producers/weights.py",
-        "        return self.version < (run_version if self.sync else floor)\n",
-        "        return self.version < (run_version if self.sync else 0)\n",
+        "        return self.version < run_version if self.sync else self.looked < floor\n",
+        "        return self.version < run_version if self.sync else False\n",
         "async: an episode a new version admitted waits for that version's weights (else it "
         "is handed out ratio + 1 versions stale)",
-        ("tests/test_weights.py::test_async_episodes_wait_for_the_weights_of_their_step",
-         "tests/test_weights.py::test_steps_record_the_loaded_version_not_the_runs"),
+        ("tests/test_weights.py::test_async_episodes_wait_for_the_weights_of_their_step",),
+    ),
+    Mutant(
+        "async-no-wait-for-weights-never-published", "producers/weights.py",
+        "        return self.version < run_version if self.sync else self.looked < floor\n",
+        "        return self.version < run_version if self.sync else self.version < floor\n",
+        "async: a version published without weights holds none of its episodes (it hung the "
+        "run with a trainer that publishes no weights)",
+        ("tests/test_weights.py::test_steps_record_the_loaded_version_not_the_runs",),
     ),
     Mutant(
         "require-version-of-the-step", "producers/policies/openai.py",
