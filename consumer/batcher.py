@@ -72,8 +72,6 @@ MAX_WEIGHTS_BYTES = 64 * 2**20  # a Redis value is no place for a real checkpoin
 STATE_EVERY_S = 1.0  # a waiting get_batch refreshes its state record this often
 LOOK_EVERY_S = 1.0  # a waiting train get_batch looks this often whether more can come
 
-# Version v is published only over v - 1; publishing v again is a no-op (a retry whose reply
-# was lost), anything else is a conflict. Weights land in the same atomic step.
 # Redis holds an older version than this trainer published (it lost writes): put it back,
 # never lower what another batcher of the run has published since
 RAISE_VERSION_LUA = """
@@ -85,10 +83,18 @@ end
 return 0
 """
 
+# Version v is published only over v - 1; publishing v again is a no-op (a retry whose reply
+# was lost), anything else is a conflict. Weights land in the same atomic step. A batcher
+# whose name another batcher has taken (it was frozen past its ttl) publishes nothing.
 PUBLISH_LUA = """
--- KEYS: version, weights of v, weights kept (list); ARGV: v, has weights, weights, kept
+-- KEYS: version, weights of v, weights kept (list), this batcher's liveness key
+-- ARGV: v, has weights, weights, kept, this batcher's mark ('' when it holds no name)
 -- The weights of the versions that fall off the list are deleted: their names are built
 -- from KEYS[2]'s, so they carry the run's hash tag and live in the same slot.
+if ARGV[5] ~= '' then
+  local mark = redis.call('GET', KEYS[4])
+  if mark and mark ~= ARGV[5] then return {-3, 0} end
+end
 local raw = redis.call('GET', KEYS[1])
 if not raw then return {-2, 0} end  -- the run's keys are gone: the caller restores them
 local cur = tonumber(raw)
@@ -111,6 +117,26 @@ return {1, cur}
 # A train batch is handed out: record it (a restarted Batcher hands out this very batch
 # again) and, in sync mode, pause the producers once every batcher has its batch, in one
 # atomic step, so a lost connection can never leave a batch handed out without its pause.
+# A beat refreshes the key only while it holds this batcher's mark (or lapsed, in an outage
+# longer than the ttl): another's mark means the name was taken while this process was frozen
+BEAT_LUA = """
+local held = redis.call('GET', KEYS[1])
+if not held or held == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return nil
+end
+return held
+"""
+
+# A closing batcher marks the key `closed` only while it holds its own mark (or none)
+CLOSE_LUA = """
+local held = redis.call('GET', KEYS[1])
+if not held or held == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+return 0
+"""
+
 TAKE_NAME_LUA = """
 -- KEYS: the liveness key; ARGV: this batcher's mark, the closed word, ttl ms
 -- free (missing, closed, or ours): take it, return nil; else {the holder's mark, its PTTL}
@@ -204,8 +230,10 @@ class _Heartbeat:
         self._ttl_ms, self._closed_ms = ttl_ms, closed_ms
         # what this batcher writes: another live batcher of the same name writes its own
         self._token = uuid.uuid4().hex.encode()
-        self._namesake_warned = False
+        self._taken: Any = None  # another batcher's mark found in the key: the name is lost
         self._take = batcher.redis.register_script(TAKE_NAME_LUA)
+        self._beat_script = batcher.redis.register_script(BEAT_LUA)
+        self._close_script = batcher.redis.register_script(CLOSE_LUA)
         self._beats = Periodic(batcher, lambda owner: owner._alive._beat(), ttl_ms / 3000,
                                name=f"rollstream-{self._key}",
                                what=f"refreshing {self._key}", log_level=logging.DEBUG)
@@ -251,21 +279,43 @@ class _Heartbeat:
         self._beats.stop()
         if self._started:
             self._started = False
-            try:
-                self._redis.set(self._key, CLOSED, px=self._closed_ms)
+            try:  # only its own: a name another batcher took stays that one's
+                self._close_script(keys=[self._key], args=[self._token, CLOSED,
+                                                          self._closed_ms])
             except redis_lib.RedisError as exc:
                 logger.debug("could not mark %s closed: %s", self._key, exc)
 
+    @property
+    def mark(self) -> str:
+        """What this batcher writes in the key while it holds the name ('' before)."""
+        return self._token.decode() if self._started else ""
+
+    def check(self, taken: bool = False) -> None:
+        """`BatcherConflict` when another batcher has taken this one's name (`taken`: a
+        script found so), which happens only while this process did not beat for a whole
+        ttl (frozen: SIGSTOP, a long pause): that one may have its unacked batch now, so
+        this one must not ack, publish or take another. One GET, only once the name is held."""
+        if self._started and self._taken is None:
+            held = self._redis.get(self._key) if not taken else b"?"
+            if held is not None and held != self._token:
+                self._lose(held)
+        if self._taken is not None:
+            raise BatcherConflict(
+                f"batcher {self._consumer!r}: another batcher took this name while this "
+                f"process was not running for over {self._ttl_ms} ms (frozen? SIGSTOP, a long "
+                "pause): its unacked batch may be that one's now, so this one acks, publishes "
+                "and hands out nothing more; end this trainer (the other goes on)")
+
+    def _lose(self, held: Any) -> None:
+        self._taken = held
+        logger.error("batcher %r: its liveness key %s holds another batcher's mark: it was "
+                     "taken while this process was not running; this batcher stops acking, "
+                     "publishing and handing out", self._consumer, self._key)
+
     def _beat(self) -> None:
-        before = self._redis.set(self._key, self._token, px=self._ttl_ms, get=True)
-        if before not in (None, CLOSED, self._token) and not self._namesake_warned:
-            self._namesake_warned = True
-            logger.warning(
-                "another live batcher is named %r on this run (its liveness key %s was fresh): "
-                "two batchers of one name share their pending entries and split the groups, "
-                "so neither may fill a batch; give each its own index and count (or consumer). "
-                "If it was this trainer before a restart, its key expires within %d ms",
-                self._consumer, self._key, self._ttl_ms)
+        held = self._beat_script(keys=[self._key], args=[self._token, self._ttl_ms])
+        if held is not None and self._taken is None:
+            self._lose(held)
 
 
 class Batcher:
@@ -497,6 +547,7 @@ class Batcher:
         if self._closed:
             raise ConfigError("get_batch on a closed Batcher (its liveness key is gone: "
                               "another batcher could take the batch); make a new one")
+        self._alive.check()
         state = self._state(mode)
         n = self.config.batch_size(mode) if n is None else n
         if not _is_int(n) or n <= 0 or n % state.group_size:
@@ -619,6 +670,7 @@ class Batcher:
         """The trainer is done with `batch`: its entries are acked and deleted (retried through
         a failover; with `min_replicas`, on replicas before it returns)."""
         self._check_own(batch)
+        self._alive.check()  # a batch another batcher took over is not this one's to ack
 
         def queue(pipe: Any) -> None:
             self._queue_drop(pipe, batch.entries)
@@ -660,9 +712,11 @@ class Batcher:
                 f"publish_version: weights of {len(weights) / 2**20:.1f} MB exceed the "
                 f"{MAX_WEIGHTS_BYTES // 2**20} MB a Redis value may hold here; save a checkpoint "
                 "and have the inference servers load it instead")
-        script_keys = [keys.version, keys.weights(version), keys.weights_kept]
+        self._alive.check()
+        script_keys = [keys.version, keys.weights(version), keys.weights_kept,
+                       keys.batcher_alive(self.consumer)]
         args = [version, 1 if weights is not None else 0, weights if weights is not None else b"",
-                WEIGHTS_KEPT]
+                WEIGHTS_KEPT, self._alive.mark]
 
         def publish() -> tuple[int, int]:
             (reply,) = self._durable_write(
@@ -672,6 +726,8 @@ class Batcher:
             return int(reply[0]), int(reply[1])
 
         code, current = publish()
+        if code == -3:
+            self._alive.check(taken=True)
         if code == -2 or (code == -1 and int(current) < self.version):
             # no version key: Redis lost the run (restarted without persistence); an older
             # one: it lost writes. Either way, what this trainer knows goes back first

@@ -769,6 +769,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_metrics.py::test_a_commit_fenced_by_a_lost_lease_is_counted_refused",),
     ),
     Mutant(
+        "batcher-fenced-once-its-name-is-taken", "consumer/batcher.py",
+        "        if self._taken is not None:\n            raise BatcherConflict(\n",
+        "        if False:\n            raise BatcherConflict(\n",
+        "a batcher frozen past its ttl whose name another took publishes nothing",
+        ("tests/test_rollout.py::test_a_trainer_frozen_past_its_ttl_is_fenced_once_another_"
+         "took_its_name",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import inspect
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -379,6 +380,59 @@ def test_a_trainer_restarted_within_the_ttl_waits_for_its_previous_lifes_key(r, 
         assert set(restarted.get_batch(timeout_s=30).traj_ids) == first
 
 
+FROZEN_TRAINER = """
+import json, sys
+from consumer import Batcher
+from schemas.config import RolloutConfig
+from schemas.errors import BatcherConflict
+url, run, config = sys.argv[1:4]
+batcher = Batcher(url, RolloutConfig.from_json(config), run=run, alive_ttl_ms=1500)
+batch = batcher.get_batch("train", timeout_s=20)
+print(json.dumps(batch.traj_ids), flush=True)
+sys.stdin.readline()  # (SIGSTOPped here, then continued) the train step ends
+try:
+    batcher.ack(batch)
+    batcher.publish_version()
+    print("published", flush=True)
+except BatcherConflict as exc:
+    print("refused:", exc, flush=True)
+"""
+
+
+def test_a_trainer_frozen_past_its_ttl_is_fenced_once_another_took_its_name(
+        r, run, redis_url, producer_thread):
+    """A trainer SIGSTOPped past its liveness ttl looks dead: a trainer of the same name takes
+    the name and its unacked batch (as it would a killed one's). Continued, the frozen one
+    acked and published too (a recheck audit: 128 trajectories trained twice, a version
+    published for two updates). Now every ack, publish and get_batch checks the name is
+    still its own: it refuses, and the other goes on."""
+    config = small_config()
+    producer_thread()
+    frozen = subprocess.Popen([sys.executable, "-c", FROZEN_TRAINER, redis_url, run,
+                               config.to_json()], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        held = set(json.loads(frozen.stdout.readline()))
+        frozen.send_signal(signal.SIGSTOP)
+        with Batcher(r, config, run=run, alive_ttl_ms=1500) as second:
+            batch = second.get_batch("train", timeout_s=30)  # after the key ran out
+            assert set(batch.traj_ids) == held
+            frozen.send_signal(signal.SIGCONT)
+            frozen.stdin.write("\n")
+            frozen.stdin.flush()
+            said = frozen.stdout.readline()
+            assert said.startswith("refused: batcher 'batcher-0': another batcher took this "
+                                   "name"), said
+            assert frozen.wait(10) == 0
+            second.ack(batch)
+            assert second.publish_version() == 1
+            assert set(second.get_batch("train", timeout_s=30).episode_ids.tolist()) == {1}
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+        frozen.kill()
+        frozen.wait(10)
+
+
 def test_a_dropped_batcher_is_freed_without_a_full_collection(r, run):
     """Its heartbeat ends when it is freed; a reference cycle (the BUSYGROUP replies of a run
     that exists carried the frames that made it) kept it until a full collection."""
@@ -405,18 +459,15 @@ def test_the_heartbeat_outlives_whatever_a_beat_raises(r, run):
         heartbeat = batcher._alive
         heartbeat.start()
         beats = []
+        beat = heartbeat._beat_script
 
-        class Unreachable:
-            def set(self, *args, **kwargs):
-                beats.append(1)
-                if len(beats) <= 3:
-                    raise RedisClusterException("Redis Cluster cannot be connected")
-                return r.set(*args, **kwargs)
+        def unreachable(**kwargs):
+            beats.append(1)
+            if len(beats) <= 3:
+                raise RedisClusterException("Redis Cluster cannot be connected")
+            return beat(**kwargs)
 
-            def delete(self, *keys):
-                return r.delete(*keys)
-
-        heartbeat._redis = Unreachable()
+        heartbeat._beat_script = unreachable
         wait_for(lambda: len(beats) >= 5, what="beats after three that raised")
         assert heartbeat._beats.running
         assert r.exists(Keys(run).batcher_alive(batcher.consumer))
