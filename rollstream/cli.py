@@ -527,8 +527,10 @@ def _published_config(client: SyncClient, keys: Keys, live: dict[str, float],
                           "a trainer publishes it when it starts)")
     if not needed:
         return None
+    paused = sorted(_text(r) for r in client.smembers(keys.pause))
     raise RunNotFound(
-        f"run {keys.run!r} has {len(live)} live producer(s) ({', '.join(sorted(live))}) but no "
+        f"run {keys.run!r} has {len(live)} live producer(s) ({', '.join(sorted(live))}"
+        f"{', paused: ' + ', '.join(paused) if paused else ''}) but no "
         f"config at {keys.config}: Redis lost it (restarted without persistence while no "
         "trainer ran?); the producers go on with theirs, a trainer started again publishes "
         f"it (from version 0: the version was lost too), `rollstream stop --run {keys.run}` "

@@ -33,6 +33,7 @@ from schemas.errors import (
     StepExhausted,
 )
 from schemas.redisconn import SyncClient, mask_url, sync_client
+from schemas.repeats import Repeats
 
 logger = logging.getLogger(__name__)
 
@@ -303,6 +304,7 @@ def trainer_loop(batcher: Batcher, opts: UpOptions, progress: Progress) -> int:
 
     step = 0
     waiting: _StepWait | None = None  # the wait for this step's batch, across skipped versions
+    skips = Repeats(logger)  # every group failing: a skip a second, not a line each
     while opts.steps is None or step < opts.steps:
         if over():
             break
@@ -311,7 +313,7 @@ def trainer_loop(batcher: Batcher, opts: UpOptions, progress: Progress) -> int:
             batch = batcher.get_batch("train", timeout_s=wait_s(waiting.left()))
         except StepExhausted as exc:  # e.g. restarted between an ack and its publish
             waiting.exhausted(exc)
-            logger.warning("%s: publishing version %d", exc, batcher.version + 1)
+            skips.warning(f"{exc}: publishing version {batcher.version + 1}")
             batcher.publish_version()
             continue
         except BatchTimeout as exc:

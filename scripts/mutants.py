@@ -777,6 +777,13 @@ MUTANTS: tuple[Mutant, ...] = (
          "took_its_name",),
     ),
     Mutant(
+        "stand-in-skips-said-once", "rollstream/launcher.py",
+        "            skips.warning(f\"{exc}: publishing version {batcher.version + 1}\")\n",
+        "            logger.warning(f\"{exc}: publishing version {batcher.version + 1}\")\n",
+        "the stand-in trainer's skip of an exhausted step is not a line per second",
+        ("tests/test_cli_admin.py::test_train_whose_every_group_fails_ends_at_its_timeout",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",

@@ -183,6 +183,8 @@ def test_producers_that_outlived_their_runs_config_can_still_be_stopped():
         assert "rollstream stop --run orphan" in status.stderr
         paused = cli("pause", "--redis-url", url, "--run", "orphan")
         assert paused.returncode == 0 and "['operator']" in paused.stdout
+        assert ", paused: operator) but no config" in cli(
+            "status", "--redis-url", url, "--run", "orphan").stderr
         stopped = cli("stop", "--redis-url", url, "--run", "orphan")
         assert stopped.returncode == 0, stopped.stderr
         producer.thread.join(20)
