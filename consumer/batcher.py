@@ -231,6 +231,7 @@ class _Heartbeat:
         # what this batcher writes: another live batcher of the same name writes its own
         self._token = uuid.uuid4().hex.encode()
         self._taken: Any = None  # another batcher's mark found in the key: the name is lost
+        self._beat_at = 0.0  # when a beat last wrote this batcher's mark (monotonic)
         self._take = batcher.redis.register_script(TAKE_NAME_LUA)
         self._beat_script = batcher.redis.register_script(BEAT_LUA)
         self._close_script = batcher.redis.register_script(CLOSE_LUA)
@@ -245,6 +246,7 @@ class _Heartbeat:
         if self._started:
             return
         self._take_name()
+        self._beat_at = time.monotonic()
         self._beats.start()
         self._started = True
 
@@ -296,7 +298,10 @@ class _Heartbeat:
         ttl (frozen: SIGSTOP, a long pause): that one may have its unacked batch now, so
         this one must not ack, publish or take another. One GET, only once the name is held."""
         if self._started and self._taken is None:
-            held = self._redis.get(self._key) if not taken else b"?"
+            try:
+                held = self._redis.get(self._key) if not taken else b"?"
+            except REDIS_ERRORS:  # Redis away: the write that follows retries (and a publish
+                held = None  # checks inside its script)
             if held is not None and held != self._token:
                 self._lose(held)
         if self._taken is not None:
@@ -306,7 +311,18 @@ class _Heartbeat:
                 "pause): its unacked batch may be that one's now, so this one acks, publishes "
                 "and hands out nothing more; end this trainer (the other goes on)")
 
+    def guard(self) -> None:
+        """`check()`, but its GET only when no beat has landed for half a ttl (the process
+        was frozen, or Redis away): before a read or a hand-out of a waiting get_batch, so a
+        trainer continued after another took its name reads nothing into the name's pending
+        entries, which the other reads only once."""
+        if self._started and (self._taken is not None or
+                              time.monotonic() - self._beat_at > self._ttl_ms / 2000):
+            self.check()
+
     def _lose(self, held: Any) -> None:
+        if self._taken is not None:
+            return
         self._taken = held
         logger.error("batcher %r: its liveness key %s holds another batcher's mark: it was "
                      "taken while this process was not running; this batcher stops acking, "
@@ -314,8 +330,10 @@ class _Heartbeat:
 
     def _beat(self) -> None:
         held = self._beat_script(keys=[self._key], args=[self._token, self._ttl_ms])
-        if held is not None and self._taken is None:
+        if held is not None:
             self._lose(held)
+        else:
+            self._beat_at = time.monotonic()
 
 
 class Batcher:
@@ -621,6 +639,7 @@ class Batcher:
 
     def _get_batch(self, state: ModeState, n: int, wanted: int, started: float,
                    deadline: float, timeout_s: float) -> Batch:
+        self._alive.start()  # the name first: a namesake refused lifts no pause of the other's
         if state.mode == "train":
             self._resume_sync()
         elif not state.round_started:
@@ -900,6 +919,7 @@ class Batcher:
 
     def _read(self, state: ModeState, block_ms: int | None) -> None:
         """One XREADGROUP over the mode's streams (rotated); `block_ms` None: do not block."""
+        self._alive.guard()  # not into the name's pending entries once another holds it
         streams = state.streams
         state.rotate = (state.rotate + 1) % len(streams)
         order = streams[state.rotate:] + streams[: state.rotate]
@@ -1067,8 +1087,12 @@ class Batcher:
     def _evict_expired(self, state: ModeState) -> None:
         if state.mode != "train":
             return
+        # expired episodes, and groups whose weights fell more than `ratio` behind since they
+        # were placed (a member's `version_start`: a version published over their heads)
+        oldest = self.version - state.schedule.ratio
         stale = [slot for (_, k, _), slot in state.groups.items()
-                 if state.schedule.expired(k, self.version)]
+                 if state.schedule.expired(k, self.version)
+                 or any(msg["version_start"] < oldest for _, msg in slot.members.values())]
         self._drop_groups(state, stale, counter="scheduler/stale_dropped")
         first_live = state.schedule.first_live(self.version)
         for done in state.finished.values():  # forget what can no longer arrive unexpired
@@ -1096,6 +1120,7 @@ class Batcher:
 
     def _hand_out(self, state: ModeState, wanted: int, wait_s: float,
                   deadline: float | None = None) -> Batch:
+        self._alive.guard()  # a batcher whose name another took hands out nothing
         chosen: list[tuple[tuple[int, int, int, GroupKey], GroupSlot]] = []
         while len(chosen) < wanted:
             item = heapq.heappop(state.ready)

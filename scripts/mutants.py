@@ -784,6 +784,30 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_cli_admin.py::test_train_whose_every_group_fails_ends_at_its_timeout",),
     ),
     Mutant(
+        "batcher-frozen-waiter-reads-nothing", "consumer/batcher.py",
+        "        self._alive.guard()  # not into the name's pending entries once another "
+        "holds it\n",
+        "",
+        "a trainer frozen in get_batch past its ttl reads nothing once another took its name",
+        ("tests/test_rollout.py::test_a_trainer_frozen_while_waiting_reads_nothing_once_"
+         "another_took_its_name",),
+    ),
+    Mutant(
+        "name-check-rides-out-redis-away", "consumer/batcher.py",
+        "            except REDIS_ERRORS:  # Redis away: the write that follows retries",
+        "            except ZeroDivisionError:  # Redis away: the write that follows retries",
+        "ack and publish_version ride out a short Redis outage (the name check does not end them)",
+        ("tests/test_redis_crash.py::test_ack_and_publish_ride_out_a_redis_restart",),
+    ),
+    Mutant(
+        "held-group-weights-fell-behind", "consumer/batcher.py",
+        "                 or any(msg[\"version_start\"] < oldest for _, msg in "
+        "slot.members.values())]",
+        "                 ]",
+        "a held group whose weights fell more than ratio behind is not handed out",
+        ("tests/test_weights.py::test_a_held_group_whose_weights_fell_behind_is_not_handed_out",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",

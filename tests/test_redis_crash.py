@@ -196,3 +196,40 @@ def test_producers_that_outlived_their_runs_config_can_still_be_stopped():
             producer.stop()
         client.close()
         server.stop()
+
+
+def test_ack_and_publish_ride_out_a_redis_restart():
+    """Redis away for a second between get_batch and ack: ack and publish_version retry until
+    it is back (the name check before them, a plain GET, raised ConnectionError and ended the
+    trainer: a recheck audit)."""
+    server = EmbeddedRedis(appendonly=True)
+    url = server.start()
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
+    producer = None
+    back = threading.Event()
+    done = threading.Event()
+    try:
+        batcher = Batcher(client, small_config(lease_ttl_s=4.0), run="blip", block_ms=200)
+        producer = ProducerThread(Producer(url, "blip", handle_signals=False,
+                                           poll_interval_s=0.05)).start()
+        batch = batcher.get_batch("train", timeout_s=30)
+        server.kill()
+
+        def restart() -> None:
+            time.sleep(1.0)
+            server.start()
+            back.set()
+            done.wait(60)  # PDEATHSIG follows the thread that started the server: stay
+
+        threading.Thread(target=restart, daemon=True).start()
+        batcher.ack(batch)  # Redis is down here: retried until it is back
+        assert back.is_set()
+        assert batcher.publish_version() == 1
+        assert set(batcher.get_batch("train", timeout_s=30).episode_ids.tolist()) == {1}
+        assert producer.stop() == 0
+    finally:
+        done.set()
+        if producer is not None and producer.thread.is_alive():
+            producer.stop()
+        client.close()
+        server.stop()

@@ -433,6 +433,54 @@ def test_a_trainer_frozen_past_its_ttl_is_fenced_once_another_took_its_name(
         frozen.wait(10)
 
 
+WAITING_TRAINER = """
+import sys
+from consumer import Batcher
+from schemas.config import RolloutConfig
+from schemas.errors import BatcherConflict
+url, run, config = sys.argv[1:4]
+batcher = Batcher(url, RolloutConfig.from_json(config), run=run, alive_ttl_ms=1500)
+try:
+    batcher.get_batch("train", timeout_s=60)
+    print("handed", flush=True)
+except BatcherConflict as exc:
+    print("refused:", exc, flush=True)
+"""
+
+
+def test_a_trainer_frozen_while_waiting_reads_nothing_once_another_took_its_name(
+        r, run, redis_url, producer_thread):
+    """Frozen inside `get_batch` past its ttl: another trainer of its name takes the name
+    (and recovers the name's pending entries, once). Continued, the frozen one's wait read on
+    as that name, into pending entries the other never reads again, and both waited out
+    their timeouts (a recheck audit). It now finds the name gone before its next read."""
+    config, keys = small_config(), Keys(run)
+    r.sadd(keys.pause, "operator")  # nothing completes until the test lets it
+    producer_thread()
+    frozen = subprocess.Popen([sys.executable, "-c", WAITING_TRAINER, redis_url, run,
+                               config.to_json()], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    alive = keys.batcher_alive("batcher-0")
+    try:
+        mark = wait_for(lambda: r.get(alive), what="the first trainer waiting in get_batch")
+        frozen.send_signal(signal.SIGSTOP)
+        second = Batcher(r, config, run=run, alive_ttl_ms=1500)
+        thread, result = get_batch_in_thread(second, timeout_s=40)
+        wait_for(lambda: r.get(alive) not in (None, mark), what="the second to take the name")
+        frozen.send_signal(signal.SIGCONT)
+        r.srem(keys.pause, "operator")
+        r.publish(keys.control, b"pause")
+        said = frozen.stdout.readline()
+        assert said.startswith("refused: batcher 'batcher-0': another batcher took"), said
+        thread.join(40)
+        assert "batch" in result, result
+        assert set(result["batch"].episode_ids.tolist()) == {0} and len(result["batch"]) == 16
+        second.close()
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+        frozen.kill()
+        frozen.wait(10)
+
+
 def test_a_dropped_batcher_is_freed_without_a_full_collection(r, run):
     """Its heartbeat ends when it is freed; a reference cycle (the BUSYGROUP replies of a run
     that exists carried the frames that made it) kept it until a full collection."""

@@ -217,3 +217,29 @@ def test_no_weights_yet_acts_with_the_factorys_as_version_0(redis_url, run, sync
             await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_held_group_whose_weights_fell_behind_is_not_handed_out(r, run, producer_thread):
+    """Ratio 1, T = 1: version 2 is published without weights, so episodes 2 and 3 act with
+    version 1's. The batcher places both at version 2 (within the ratio), hands out episode
+    2 and holds episode 3. Version 3 comes with weights: episode 3's weights are now two
+    versions behind; it was handed out so (`scheduler/staleness/max` 2 at ratio 1: a recheck
+    audit saw 3 at ratio 2). It is dropped as stale; episode 4 acts with version 3's."""
+    config = small_config(async_generation_ratio=1)
+    keys = Keys(run)
+    batcher = Batcher(r, config, run=run)
+    producer_thread(policy=WeightedPolicy(action=0))
+    batcher.ack(batcher.get_batch("train", timeout_s=30))
+    batcher.publish_version(weights=weights_for(1))
+    batcher.ack(batcher.get_batch("train", timeout_s=30))
+    batcher.publish_version()  # version 2: no weights
+    wait_for(lambda: sum(r.xlen(keys.stream("train", g)) for g in range(4)) == 32,
+             what="episodes 2 and 3 of every env committed")
+    held = batcher.get_batch("train", timeout_s=30)
+    assert set(held.episode_ids.tolist()) == {2}
+    batcher.ack(held)
+    batcher.publish_version(weights=weights_for(3))
+    batch = batcher.get_batch("train", timeout_s=30)
+    assert batch.metrics["scheduler/staleness/max"] <= 1
+    assert set(batch.episode_ids.tolist()) == {4}
+    assert_chosen_by_stamped_weights(batch)
