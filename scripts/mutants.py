@@ -739,8 +739,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "batcher-refuses-a-live-namesake", "consumer/batcher.py",
-        "        self._take_name()\n        self._beats.start()\n",
-        "        self._beat()\n        self._beats.start()\n",
+        "        self._take_name()\n",
+        "        self._redis.set(self._key, self._token, px=self._ttl_ms)\n",
         "a second live batcher of one name is refused, not handed the first one's batch",
         ("tests/test_rollout.py::test_a_second_live_batcher_of_the_same_name_is_refused_not_"
          "handed_the_batch",),
