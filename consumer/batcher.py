@@ -186,6 +186,7 @@ class GroupSlot:
     failed: list[Entry] = field(default_factory=list)
     priority: bool = False  # part of a batch handed out before a restart: deliver first
     ready: bool = False  # complete, in its mode's ready heap
+    oldest_start: int = 2**62  # the oldest `version_start` among its members
 
     def entries(self) -> list[Entry]:
         return [entry for entry, _ in self.members.values()] + self.failed
@@ -996,6 +997,7 @@ class Batcher:
                 return slot.entries()
             return []
         slot.members[msg["member"]] = (entry, msg)
+        slot.oldest_start = min(slot.oldest_start, msg["version_start"])
         if len(slot.members) == state.group_size:
             # oldest episode first; val orders by group so every round's batch is the same
             order = g if state.mode == "val" else slot.seq
@@ -1092,7 +1094,7 @@ class Batcher:
         oldest = self.version - state.schedule.ratio
         stale = [slot for (_, k, _), slot in state.groups.items()
                  if state.schedule.expired(k, self.version)
-                 or any(msg["version_start"] < oldest for _, msg in slot.members.values())]
+                 or slot.oldest_start < oldest]
         self._drop_groups(state, stale, counter="scheduler/stale_dropped")
         first_live = state.schedule.first_live(self.version)
         for done in state.finished.values():  # forget what can no longer arrive unexpired
