@@ -198,7 +198,7 @@ def test_producers_that_outlived_their_runs_config_can_still_be_stopped():
         server.stop()
 
 
-def test_ack_and_publish_ride_out_a_redis_restart():
+def test_ack_and_publish_ride_out_a_redis_restart(caplog):
     """Redis away for a second between get_batch and ack: ack and publish_version retry until
     it is back (the name check before them, a plain GET, raised ConnectionError and ended the
     trainer: a recheck audit)."""
@@ -222,8 +222,10 @@ def test_ack_and_publish_ride_out_a_redis_restart():
             done.wait(60)  # PDEATHSIG follows the thread that started the server: stay
 
         threading.Thread(target=restart, daemon=True).start()
-        batcher.ack(batch)  # Redis is down here: retried until it is back
-        assert back.is_set()
+        with caplog.at_level("WARNING", logger="schemas.backoff"):
+            batcher.ack(batch)  # Redis is down here: retried until it is back
+        assert "ack of a train batch: Error" in caplog.text  # it met the outage
+        assert back.wait(10)
         assert batcher.publish_version() == 1
         assert set(batcher.get_batch("train", timeout_s=30).episode_ids.tolist()) == {1}
         assert producer.stop() == 0
