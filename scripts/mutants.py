@@ -807,6 +807,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_weights.py::test_a_held_group_whose_weights_fell_behind_is_not_handed_out",),
     ),
     Mutant(
+        "namesake-refused-before-the-pause-lifts", "consumer/batcher.py",
+        "        self._alive.start()  # the name first: a namesake refused lifts no pause of the "
+        "other's\n",
+        "",
+        "a refused namesake does not lift the holder's sync pause",
+        ("tests/test_rollout.py::test_a_second_live_batcher_of_the_same_name_is_refused_not_"
+         "handed_the_batch",),
+    ),
+    Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
         "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
         "dict):\n",

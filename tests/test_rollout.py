@@ -348,6 +348,8 @@ def test_a_second_live_batcher_of_the_same_name_is_refused_not_handed_the_batch(
     again = Batcher(r, config, run=run, alive_ttl_ms=1500)  # the same name: batcher-0
     with pytest.raises(BatcherConflict, match="another live batcher is named 'batcher-0'"):
         again.get_batch(timeout_s=30)
+    # refused before it lifted the sync pause of the first one's step (a recheck saw it)
+    assert r.smembers(Keys(run).pause) == {b"sync"}
     first.ack(held)
     first.publish_version()
     first.close()
