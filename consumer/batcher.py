@@ -114,40 +114,22 @@ end
 return {1, cur}
 """
 
-# A train batch is handed out: record it (a restarted Batcher hands out this very batch
-# again) and, in sync mode, pause the producers once every batcher has its batch, in one
-# atomic step, so a lost connection can never leave a batch handed out without its pause.
-# A beat refreshes the key only while it holds this batcher's mark (or lapsed, in an outage
-# longer than the ttl): another's mark means the name was taken while this process was frozen
-BEAT_LUA = """
+# A batcher's name (its liveness key): write ARGV[2] (PX ARGV[3]) only while the key is free
+# for this batcher: missing (lapsed in an outage, or never taken), its own mark ARGV[1], or
+# ARGV[4] ('closed' when taking the name: a previous life ended cleanly; '' when beating or
+# closing: a `closed` there is another batcher's). Else {the holder's mark, its PTTL}.
+NAME_LUA = """
 local held = redis.call('GET', KEYS[1])
-if not held or held == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return nil
-end
-return held
-"""
-
-# A closing batcher marks the key `closed` only while it holds its own mark (or none)
-CLOSE_LUA = """
-local held = redis.call('GET', KEYS[1])
-if not held or held == ARGV[1] then
+if not held or held == ARGV[1] or held == ARGV[4] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-end
-return 0
-"""
-
-TAKE_NAME_LUA = """
--- KEYS: the liveness key; ARGV: this batcher's mark, the closed word, ttl ms
--- free (missing, closed, or ours): take it, return nil; else {the holder's mark, its PTTL}
-local held = redis.call('GET', KEYS[1])
-if not held or held == ARGV[2] or held == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
   return nil
 end
 return {held, redis.call('PTTL', KEYS[1])}
 """
 
+# A train batch is handed out: record it (a restarted Batcher hands out this very batch
+# again) and, in sync mode, pause the producers once every batcher has its batch, in one
+# atomic step, so a lost connection can never leave a batch handed out without its pause.
 HAND_OUT_LUA = """
 -- KEYS: inflight, sync_handed, pause; ARGV: inflight record, sync (0/1), index, count
 redis.call('SET', KEYS[1], ARGV[1])
@@ -231,11 +213,9 @@ class _Heartbeat:
         self._ttl_ms, self._closed_ms = ttl_ms, closed_ms
         # what this batcher writes: another live batcher of the same name writes its own
         self._token = uuid.uuid4().hex.encode()
-        self._taken: Any = None  # another batcher's mark found in the key: the name is lost
+        self.lost = False  # another batcher's mark found in the key: the name was taken
         self._beat_at = 0.0  # when a beat last wrote this batcher's mark (monotonic)
-        self._take = batcher.redis.register_script(TAKE_NAME_LUA)
-        self._beat_script = batcher.redis.register_script(BEAT_LUA)
-        self._close_script = batcher.redis.register_script(CLOSE_LUA)
+        self._name_script = batcher.redis.register_script(NAME_LUA)
         self._beats = Periodic(batcher, lambda owner: owner._alive._beat(), ttl_ms / 3000,
                                name=f"rollstream-{self._key}",
                                what=f"refreshing {self._key}", log_level=logging.DEBUG)
@@ -260,7 +240,7 @@ class _Heartbeat:
         deadline = time.monotonic() + self._ttl_ms / 1000 + 1.0
         last_ttl: int | None = None
         while True:
-            held = self._take(keys=[self._key], args=[self._token, CLOSED, self._ttl_ms])
+            held = self._write(self._token, self._ttl_ms, free=CLOSED)
             if held is None:
                 return
             pttl = int(held[1])
@@ -283,8 +263,7 @@ class _Heartbeat:
         if self._started:
             self._started = False
             try:  # only its own: a name another batcher took stays that one's
-                self._close_script(keys=[self._key], args=[self._token, CLOSED,
-                                                          self._closed_ms])
+                self._write(CLOSED, self._closed_ms)
             except redis_lib.RedisError as exc:
                 logger.debug("could not mark %s closed: %s", self._key, exc)
 
@@ -293,19 +272,23 @@ class _Heartbeat:
         """What this batcher writes in the key while it holds the name ('' before)."""
         return self._token.decode() if self._started else ""
 
-    def check(self, taken: bool = False) -> None:
-        """`BatcherConflict` when another batcher has taken this one's name (`taken`: a
-        script found so), which happens only while this process did not beat for a whole
-        ttl (frozen: SIGSTOP, a long pause): that one may have its unacked batch now, so
-        this one must not ack, publish or take another. One GET, only once the name is held."""
-        if self._started and self._taken is None:
+    def _write(self, value: bytes, px: int, free: bytes = b"") -> Any:
+        """`NAME_LUA`: write `value` while the key is this batcher's to write."""
+        return self._name_script(keys=[self._key], args=[self._token, value, px, free])
+
+    def check(self) -> None:
+        """`BatcherConflict` when another batcher has taken this one's name, which happens
+        only while this process did not beat for a whole ttl (frozen: SIGSTOP, a long
+        pause): that one may have its unacked batch now, so this one must not ack, publish
+        or take another. One GET, only once the name is held."""
+        if self._started and not self.lost:
             try:
-                held = self._redis.get(self._key) if not taken else b"?"
-            except REDIS_ERRORS:  # Redis away: the write that follows retries (and a publish
-                held = None  # checks inside its script)
+                held = self._redis.get(self._key)
+            except REDIS_ERRORS:  # Redis away: the write that follows retries
+                held = None  # (and a publish checks inside its script)
             if held is not None and held != self._token:
-                self._lose(held)
-        if self._taken is not None:
+                self.lose()
+        if self.lost:
             raise BatcherConflict(
                 f"batcher {self._consumer!r}: another batcher took this name while this "
                 f"process was not running for over {self._ttl_ms} ms (frozen? SIGSTOP, a long "
@@ -314,25 +297,25 @@ class _Heartbeat:
 
     def guard(self) -> None:
         """`check()`, but its GET only when no beat has landed for half a ttl (the process
-        was frozen, or Redis away): before a read or a hand-out of a waiting get_batch, so a
-        trainer continued after another took its name reads nothing into the name's pending
-        entries, which the other reads only once."""
-        if self._started and (self._taken is not None or
+        was frozen, or Redis away), so never in a healthy run: before `ack`, and before each
+        read and hand-out of `get_batch`, so a trainer continued after another took its
+        name reads nothing into the name's pending entries, which the other reads only once."""
+        if self._started and (self.lost or
                               time.monotonic() - self._beat_at > self._ttl_ms / 2000):
             self.check()
 
-    def _lose(self, held: Any) -> None:
-        if self._taken is not None:
+    def lose(self) -> None:
+        """The key holds another batcher's mark (a beat, a check or a publish found it)."""
+        if self.lost:
             return
-        self._taken = held
+        self.lost = True
         logger.error("batcher %r: its liveness key %s holds another batcher's mark: it was "
                      "taken while this process was not running; this batcher stops acking, "
                      "publishing and handing out", self._consumer, self._key)
 
     def _beat(self) -> None:
-        held = self._beat_script(keys=[self._key], args=[self._token, self._ttl_ms])
-        if held is not None:
-            self._lose(held)
+        if self._write(self._token, self._ttl_ms) is not None:
+            self.lose()
         else:
             self._beat_at = time.monotonic()
 
@@ -514,8 +497,7 @@ class Batcher:
                        "were in Redis are lost", self.keys.run, self.version)
         self._publish_config()
         self._create_groups()
-        if self._last_weights is not None and self._last_weights[0] == self.version:
-            self.redis.set(self.keys.weights(self.version), self._last_weights[1])
+        self._restore_weights()
 
     def _put_version_back(self, found: int) -> None:
         """Redis holds version `found`, older than the one this trainer published: it came
@@ -531,9 +513,14 @@ class Batcher:
             "expire instead of training twice", self.keys.run, found, self.version,
             self.version)
         self.redis.eval(RAISE_VERSION_LUA, 1, self.keys.version, self.version)
+        self._restore_weights()
+        publish(self.redis, self.keys.control, b"version")
+
+    def _restore_weights(self) -> None:
+        """Put back the weights of this trainer's version if Redis lost them (they were
+        published with it: producers of a learning policy wait for them)."""
         if self._last_weights is not None and self._last_weights[0] == self.version:
             self.redis.set(self.keys.weights(self.version), self._last_weights[1], nx=True)
-        publish(self.redis, self.keys.control, b"version")
 
     def _create_groups(self) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -566,7 +553,7 @@ class Batcher:
         if self._closed:
             raise ConfigError("get_batch on a closed Batcher (its liveness key is gone: "
                               "another batcher could take the batch); make a new one")
-        self._alive.check()
+        self._alive.guard()
         state = self._state(mode)
         n = self.config.batch_size(mode) if n is None else n
         if not _is_int(n) or n <= 0 or n % state.group_size:
@@ -690,7 +677,7 @@ class Batcher:
         """The trainer is done with `batch`: its entries are acked and deleted (retried through
         a failover; with `min_replicas`, on replicas before it returns)."""
         self._check_own(batch)
-        self._alive.check()  # a batch another batcher took over is not this one's to ack
+        self._alive.guard()  # a batch another batcher took over is not this one's to ack
 
         def queue(pipe: Any) -> None:
             self._queue_drop(pipe, batch.entries)
@@ -732,7 +719,6 @@ class Batcher:
                 f"publish_version: weights of {len(weights) / 2**20:.1f} MB exceed the "
                 f"{MAX_WEIGHTS_BYTES // 2**20} MB a Redis value may hold here; save a checkpoint "
                 "and have the inference servers load it instead")
-        self._alive.check()
         script_keys = [keys.version, keys.weights(version), keys.weights_kept,
                        keys.batcher_alive(self.consumer)]
         args = [version, 1 if weights is not None else 0, weights if weights is not None else b"",
@@ -746,8 +732,9 @@ class Batcher:
             return int(reply[0]), int(reply[1])
 
         code, current = publish()
-        if code == -3:
-            self._alive.check(taken=True)
+        if code == -3:  # this batcher's name is another's now (the script checked)
+            self._alive.lose()
+            self._alive.check()
         if code == -2 or (code == -1 and int(current) < self.version):
             # no version key: Redis lost the run (restarted without persistence); an older
             # one: it lost writes. Either way, what this trainer knows goes back first

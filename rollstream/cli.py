@@ -492,8 +492,7 @@ def _admin(args: argparse.Namespace) -> int:
     keys = Keys(run)
     if args.command == "reset":
         return _reset(client, keys, args.yes)
-    live = live_producers(client, keys)
-    config = _published_config(client, keys, live, args.command == "status")
+    config = _published_config(client, keys, needed=args.command == "status")
     if args.command in ("pause", "resume"):
         if args.command == "pause":
             client.sadd(keys.pause, "operator")
@@ -513,8 +512,7 @@ def _admin(args: argparse.Namespace) -> int:
     return _status(client, keys, config, args)
 
 
-def _published_config(client: SyncClient, keys: Keys, live: dict[str, float],
-                      needed: bool) -> RolloutConfig | None:
+def _published_config(client: SyncClient, keys: Keys, needed: bool) -> RolloutConfig | None:
     """The run's published config. A run without one and without live producers does not
     exist (exit 1). With live producers, Redis lost it (restarted without persistence while
     no trainer ran): `stop`, `pause` and `resume` still reach them (None); `status`, which
@@ -522,6 +520,7 @@ def _published_config(client: SyncClient, keys: Keys, live: dict[str, float],
     raw = client.get(keys.config)
     if raw is not None:
         return RolloutConfig.from_json(raw)
+    live = live_producers(client, keys)
     if not live:
         raise RunNotFound(f"run {keys.run!r} does not exist here (no config at {keys.config}; "
                           "a trainer publishes it when it starts)")

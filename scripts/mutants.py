@@ -770,7 +770,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "batcher-fenced-once-its-name-is-taken", "consumer/batcher.py",
-        "        if self._taken is not None:\n            raise BatcherConflict(\n",
+        "        if self.lost:\n            raise BatcherConflict(\n",
         "        if False:\n            raise BatcherConflict(\n",
         "a batcher frozen past its ttl whose name another took publishes nothing",
         ("tests/test_rollout.py::test_a_trainer_frozen_past_its_ttl_is_fenced_once_another_"

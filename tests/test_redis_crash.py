@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import pytest
 import redis
@@ -17,6 +20,36 @@ from producers.producer import Producer
 from rollstream.embedded import EmbeddedRedis
 
 pytestmark = pytest.mark.slow
+
+
+class Rig(NamedTuple):
+    server: EmbeddedRedis
+    url: str
+    client: redis.Redis
+    batcher: Batcher
+    producer: ProducerThread
+
+
+@contextmanager
+def rig(run: str, *, appendonly: bool, alive_ttl_ms: int = 10_000,
+        **config: Any) -> Iterator[Rig]:
+    """An embedded Redis of this test's own (to kill and restart), a Batcher of `run` on
+    `small_config(**config)` and a producer thread; all stopped at the end."""
+    server = EmbeddedRedis(appendonly=appendonly)
+    url = server.start()
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
+    producer = None
+    try:
+        batcher = Batcher(client, small_config(**config), run=run, block_ms=200,
+                          alive_ttl_ms=alive_ttl_ms)
+        producer = ProducerThread(Producer(url, run, handle_signals=False,
+                                           poll_interval_s=0.05)).start()
+        yield Rig(server, url, client, batcher, producer)
+    finally:
+        if producer is not None and producer.thread.is_alive():
+            producer.stop()
+        client.close()
+        server.stop()
 
 
 def test_redis_sigkill_mid_step_loses_and_doubles_nothing():
@@ -74,18 +107,11 @@ def test_redis_losing_all_data_heals_without_doubles(when):
     # groups, producers reclaim their shards, and nothing is delivered twice. Lost while the
     # trainer trains (before its ack or its publish), the publish puts them back: it raised
     # VersionConflict ("at version 0"), blaming another trainer
-    server = EmbeddedRedis(appendonly=False)
-    url = server.start()
-    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
-    producer = None
-    try:
-        config = small_config(rollout_batch_size=16, async_generation_ratio=1,
-                              lease_ttl_s=1.5)
-        batcher = Batcher(client, config, run="amnesia", block_ms=200)
-        producer = ProducerThread(Producer(url, "amnesia", handle_signals=False,
-                                           poll_interval_s=0.05)).start()
+    with rig("amnesia", appendonly=False, rollout_batch_size=16, async_generation_ratio=1,
+             lease_ttl_s=1.5) as (server, _, client, batcher, producer):
         delivered: list[str] = []
         versions: list[int] = []
+
         def lose_everything() -> None:
             server.kill()
             server.start()  # same folder, but nothing was saved
@@ -110,11 +136,6 @@ def test_redis_losing_all_data_heals_without_doubles(when):
         assert len(delivered) == len(set(delivered)) == 5 * 16
         assert int(client.get("{amnesia}:version")) == 5
         assert producer.stop() == 0
-    finally:
-        if producer is not None and producer.thread.is_alive():
-            producer.stop()
-        client.close()
-        server.stop()
 
 
 def test_redis_back_from_an_older_snapshot_does_not_take_the_run_back_in_time():
@@ -123,16 +144,8 @@ def test_redis_back_from_an_older_snapshot_does_not_take_the_run_back_in_time():
     episodes it had trained on and published versions 3 and 4 again for other weights (an
     audit: 88 trajectories delivered twice). The version goes back up; the lost steps'
     episodes expire."""
-    server = EmbeddedRedis(appendonly=False)
-    url = server.start()
-    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
-    producer = None
-    try:
-        config = small_config(rollout_batch_size=16, async_generation_ratio=1,
-                              lease_ttl_s=1.5)
-        batcher = Batcher(client, config, run="snapshot", block_ms=200)
-        producer = ProducerThread(Producer(url, "snapshot", handle_signals=False,
-                                           poll_interval_s=0.05)).start()
+    with rig("snapshot", appendonly=False, rollout_batch_size=16, async_generation_ratio=1,
+             lease_ttl_s=1.5) as (server, _, client, batcher, producer):
         delivered: list[str] = []
         versions: list[int] = []
         for step in range(6):
@@ -151,25 +164,14 @@ def test_redis_back_from_an_older_snapshot_does_not_take_the_run_back_in_time():
         assert len(delivered) == len(set(delivered)) == 6 * 16
         assert int(client.get("{snapshot}:version")) == 6
         assert producer.stop() == 0
-    finally:
-        if producer is not None and producer.thread.is_alive():
-            producer.stop()
-        client.close()
-        server.stop()
 
 
 def test_producers_that_outlived_their_runs_config_can_still_be_stopped():
     """Redis restarts without persistence while no trainer runs: the producers go on and
     write their heartbeats, leases and cursors again, but not the config. `status`, `stop`
     and `pause` said the run did not exist (exit 1), so only `reset` reached them."""
-    server = EmbeddedRedis(appendonly=False)
-    url = server.start()
-    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
-    producer = None
-    try:
-        batcher = Batcher(client, small_config(lease_ttl_s=1.5), run="orphan", block_ms=200)
-        producer = ProducerThread(Producer(url, "orphan", handle_signals=False,
-                                           poll_interval_s=0.05)).start()
+    with rig("orphan", appendonly=False, lease_ttl_s=1.5) as (server, url, client, batcher,
+                                                                producer):
         batcher.ack(batcher.get_batch("train", timeout_s=30))
         batcher.close()  # the trainer ends
         server.kill()
@@ -191,47 +193,36 @@ def test_producers_that_outlived_their_runs_config_can_still_be_stopped():
         assert producer.result == [0]
         gone = cli("status", "--redis-url", url, "--run", "orphan")
         assert gone.returncode == 1 and "does not exist here" in gone.stderr
-    finally:
-        if producer is not None and producer.thread.is_alive():
-            producer.stop()
-        client.close()
-        server.stop()
 
 
 def test_ack_and_publish_ride_out_a_redis_restart(caplog):
-    """Redis away for a second between get_batch and ack: ack and publish_version retry until
-    it is back (the name check before them, a plain GET, raised ConnectionError and ended the
-    trainer: a recheck audit)."""
-    server = EmbeddedRedis(appendonly=True)
-    url = server.start()
-    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
-    producer = None
+    """Redis away between get_batch and ack, long enough that no beat of the batcher's
+    liveness key lands (half its ttl): ack's name check does its GET then, and with
+    publish_version retries until Redis is back (that GET raised ConnectionError and ended
+    the trainer: a recheck audit)."""
     back = threading.Event()
     done = threading.Event()
-    try:
-        batcher = Batcher(client, small_config(lease_ttl_s=4.0), run="blip", block_ms=200)
-        producer = ProducerThread(Producer(url, "blip", handle_signals=False,
-                                           poll_interval_s=0.05)).start()
-        batch = batcher.get_batch("train", timeout_s=30)
-        server.kill()
+    with rig("blip", appendonly=True, alive_ttl_ms=1000,
+             lease_ttl_s=4.0) as (server, _, _, batcher, producer):
+        try:
+            batch = batcher.get_batch("train", timeout_s=30)
+            server.kill()
 
-        def restart() -> None:
-            time.sleep(1.0)
-            server.start()
-            back.set()
-            done.wait(60)  # PDEATHSIG follows the thread that started the server: stay
+            def restart() -> None:
+                time.sleep(1.5)
+                server.start()
+                back.set()
+                done.wait(60)  # PDEATHSIG follows the thread that started the server: stay
 
-        threading.Thread(target=restart, daemon=True).start()
-        with caplog.at_level("WARNING", logger="schemas.backoff"):
-            batcher.ack(batch)  # Redis is down here: retried until it is back
-        assert "ack of a train batch: Error" in caplog.text  # it met the outage
-        assert back.wait(10)
-        assert batcher.publish_version() == 1
-        assert set(batcher.get_batch("train", timeout_s=30).episode_ids.tolist()) == {1}
-        assert producer.stop() == 0
-    finally:
-        done.set()
-        if producer is not None and producer.thread.is_alive():
-            producer.stop()
-        client.close()
-        server.stop()
+            threading.Thread(target=restart, daemon=True).start()
+            wait_for(lambda: time.monotonic() - batcher._alive._beat_at > 0.6,
+                     what="half a ttl with no beat landed")
+            with caplog.at_level("WARNING", logger="schemas.backoff"):
+                batcher.ack(batch)  # Redis is down here: retried until it is back
+            assert "ack of a train batch: Error" in caplog.text  # it met the outage
+            assert back.wait(10)
+            assert batcher.publish_version() == 1
+            assert set(batcher.get_batch("train", timeout_s=30).episode_ids.tolist()) == {1}
+            assert producer.stop() == 0
+        finally:
+            done.set()

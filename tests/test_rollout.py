@@ -509,7 +509,7 @@ def test_the_heartbeat_outlives_whatever_a_beat_raises(r, run):
         heartbeat = batcher._alive
         heartbeat.start()
         beats = []
-        beat = heartbeat._beat_script
+        beat = heartbeat._name_script
 
         def unreachable(**kwargs):
             beats.append(1)
@@ -517,7 +517,7 @@ def test_the_heartbeat_outlives_whatever_a_beat_raises(r, run):
                 raise RedisClusterException("Redis Cluster cannot be connected")
             return beat(**kwargs)
 
-        heartbeat._beat_script = unreachable
+        heartbeat._name_script = unreachable
         wait_for(lambda: len(beats) >= 5, what="beats after three that raised")
         assert heartbeat._beats.running
         assert r.exists(Keys(run).batcher_alive(batcher.consumer))
