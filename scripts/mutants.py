@@ -407,7 +407,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_a_rank_that_does_not_publish_waits_for_the_one_that_does",),
     ),
     Mutant(
-        "train-publishes-an-exhausted-step", "rollstream/launcher.py",
+        "train-publishes-an-exhausted-step", "rollstream/trainer.py",
         "        except StepExhausted as exc:",
         "        except ZeroDivisionError as exc:",
         "the stand-in trainer publishes past a sync step that has nothing left",
@@ -591,7 +591,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{OPS}::test_reset_of_a_run_named_with_glob_characters_deletes_only_that_run",),
     ),
     Mutant(
-        "train-skips-within-timeout", "rollstream/launcher.py",
+        "train-skips-within-timeout", "rollstream/trainer.py",
         "        waiting = waiting or _StepWait(batcher.version, opts.timeout_s)\n",
         "        waiting = _StepWait(batcher.version, opts.timeout_s)\n",
         "the stand-in trainer's skipped steps count against --timeout-s (a run whose every "
@@ -710,7 +710,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GEN}::test_require_version_keeps_a_new_versions_episodes_within_the_ratio",),
     ),
     Mutant(
-        "up-seconds-caps-the-wait", "rollstream/launcher.py",
+        "up-seconds-caps-the-wait", "rollstream/trainer.py",
         "            batch = batcher.get_batch(\"train\", timeout_s=wait_s(waiting.left()))\n",
         "            batch = batcher.get_batch(\"train\", timeout_s=waiting.left())\n",
         "up/train --seconds ends a batch wait that would outlast it",
@@ -777,7 +777,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "took_its_name",),
     ),
     Mutant(
-        "stand-in-skips-said-once", "rollstream/launcher.py",
+        "stand-in-skips-said-once", "rollstream/trainer.py",
         "            skips.warning(f\"{exc}: publishing version {batcher.version + 1}\")\n",
         "            logger.warning(f\"{exc}: publishing version {batcher.version + 1}\")\n",
         "the stand-in trainer's skip of an exhausted step is not a line per second",
@@ -849,7 +849,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "stopped",),
     ),
     Mutant(
-        "up-ends-at-a-stop", "rollstream/launcher.py",
+        "up-ends-at-a-stop", "rollstream/trainer.py",
         "        if isinstance(exc, ProducersExited) and not client.exists(batcher.keys.stop):\n",
         "        if isinstance(exc, ProducersExited):\n",
         "rollstream up ends with 0 when its producers exit because the run was stopped",
