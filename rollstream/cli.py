@@ -601,7 +601,10 @@ def _status(client: SyncClient, keys: Keys, config: RolloutConfig,
             args: argparse.Namespace) -> int:
     """The run's state: text, or JSON (`--json`); refreshed with `--watch`. Says which
     Redis node holds the run (and warns when it has fewer replicas than `min_replicas`)."""
-    from rollstream.watch import Limits, render_text, snapshot, watch
+    from rollstream.status.render import render_text
+    from rollstream.status.snapshot import snapshot
+    from rollstream.status.warnings import Limits
+    from rollstream.status.watch import watch
 
     limits = Limits(wait_warn_s=args.wait_warn_s, redis_limit_mb=args.redis_limit_mb)
 

@@ -488,7 +488,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_metrics.py::test_metrics_pages_of_a_live_run_show_the_counters_moving",),
     ),
     Mutant(
-        "status-gone", "rollstream/watch.py",
+        "status-gone", "rollstream/status/snapshot.py",
         '"id": pid, "state": "live" if pid in live else "gone",',
         '"id": pid, "state": "live",',
         "rollstream status shows a producer without a fresh heartbeat as gone",
@@ -717,7 +717,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_cli_admin.py::test_up_seconds_ends_a_batch_wait_that_would_outlast_it",),
     ),
     Mutant(
-        "status-stopped-run-orphans", "rollstream/watch.py",
+        "status-stopped-run-orphans", "rollstream/status/warnings.py",
         "        if orphans and not snap[\"stopped\"]:",
         "        if orphans:",
         "status does not warn of shards with no live producer on a stopped run",
@@ -856,7 +856,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_cli_admin.py::test_up_takes_every_producer_gone_at_a_stop_as_the_end",),
     ),
     Mutant(
-        "status-reads-batcher-liveness", "rollstream/watch.py",
+        "status-reads-batcher-liveness", "rollstream/status/snapshot.py",
         "        elif since > record.ttl_s or not isinstance(key, bytes):\n",
         "        elif since > record.ttl_s:\n",
         "status shows a trainer whose process died as gone (its liveness key), with a warning",
