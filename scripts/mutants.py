@@ -754,7 +754,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "run_back_in_time",),
     ),
     Mutant(
-        "orphaned-producers-reachable", "rollstream/cli.py",
+        "orphaned-producers-reachable", "rollstream/cli/operating.py",
         "    if not needed:\n        return None\n",
         "    if False:\n        return None\n",
         "stop/pause reach producers whose run's config Redis lost",
@@ -864,7 +864,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "closed",),
     ),
     Mutant(
-        "reset-waits-for-trainers", "rollstream/cli.py",
+        "reset-waits-for-trainers", "rollstream/cli/operating.py",
         "    trainers = _live_batchers(client, keys)\n",
         "    trainers: list[str] = []\n",
         "reset refuses while a trainer that would put the run back is alive",
