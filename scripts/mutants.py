@@ -407,7 +407,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_a_rank_that_does_not_publish_waits_for_the_one_that_does",),
     ),
     Mutant(
-        "train-publishes-an-exhausted-step", "rollstream/launcher.py",
+        "train-publishes-an-exhausted-step", "rollstream/trainer.py",
         "        except StepExhausted as exc:",
         "        except ZeroDivisionError as exc:",
         "the stand-in trainer publishes past a sync step that has nothing left",
@@ -488,7 +488,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_metrics.py::test_metrics_pages_of_a_live_run_show_the_counters_moving",),
     ),
     Mutant(
-        "status-gone", "rollstream/watch.py",
+        "status-gone", "rollstream/status/snapshot.py",
         '"id": pid, "state": "live" if pid in live else "gone",',
         '"id": pid, "state": "live",',
         "rollstream status shows a producer without a fresh heartbeat as gone",
@@ -591,7 +591,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{OPS}::test_reset_of_a_run_named_with_glob_characters_deletes_only_that_run",),
     ),
     Mutant(
-        "train-skips-within-timeout", "rollstream/launcher.py",
+        "train-skips-within-timeout", "rollstream/trainer.py",
         "        waiting = waiting or _StepWait(batcher.version, opts.timeout_s)\n",
         "        waiting = _StepWait(batcher.version, opts.timeout_s)\n",
         "the stand-in trainer's skipped steps count against --timeout-s (a run whose every "
@@ -710,14 +710,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GEN}::test_require_version_keeps_a_new_versions_episodes_within_the_ratio",),
     ),
     Mutant(
-        "up-seconds-caps-the-wait", "rollstream/launcher.py",
+        "up-seconds-caps-the-wait", "rollstream/trainer.py",
         "            batch = batcher.get_batch(\"train\", timeout_s=wait_s(waiting.left()))\n",
         "            batch = batcher.get_batch(\"train\", timeout_s=waiting.left())\n",
         "up/train --seconds ends a batch wait that would outlast it",
         ("tests/test_cli_admin.py::test_up_seconds_ends_a_batch_wait_that_would_outlast_it",),
     ),
     Mutant(
-        "status-stopped-run-orphans", "rollstream/watch.py",
+        "status-stopped-run-orphans", "rollstream/status/warnings.py",
         "        if orphans and not snap[\"stopped\"]:",
         "        if orphans:",
         "status does not warn of shards with no live producer on a stopped run",
@@ -754,7 +754,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "run_back_in_time",),
     ),
     Mutant(
-        "orphaned-producers-reachable", "rollstream/cli.py",
+        "orphaned-producers-reachable", "rollstream/cli/operating.py",
         "    if not needed:\n        return None\n",
         "    if False:\n        return None\n",
         "stop/pause reach producers whose run's config Redis lost",
@@ -777,7 +777,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "took_its_name",),
     ),
     Mutant(
-        "stand-in-skips-said-once", "rollstream/launcher.py",
+        "stand-in-skips-said-once", "rollstream/trainer.py",
         "            skips.warning(f\"{exc}: publishing version {batcher.version + 1}\")\n",
         "            logger.warning(f\"{exc}: publishing version {batcher.version + 1}\")\n",
         "the stand-in trainer's skip of an exhausted step is not a line per second",
@@ -849,14 +849,14 @@ MUTANTS: tuple[Mutant, ...] = (
          "stopped",),
     ),
     Mutant(
-        "up-ends-at-a-stop", "rollstream/launcher.py",
+        "up-ends-at-a-stop", "rollstream/trainer.py",
         "        if isinstance(exc, ProducersExited) and not client.exists(batcher.keys.stop):\n",
         "        if isinstance(exc, ProducersExited):\n",
         "rollstream up ends with 0 when its producers exit because the run was stopped",
         ("tests/test_cli_admin.py::test_up_takes_every_producer_gone_at_a_stop_as_the_end",),
     ),
     Mutant(
-        "status-reads-batcher-liveness", "rollstream/watch.py",
+        "status-reads-batcher-liveness", "rollstream/status/snapshot.py",
         "        elif since > record.ttl_s or not isinstance(key, bytes):\n",
         "        elif since > record.ttl_s:\n",
         "status shows a trainer whose process died as gone (its liveness key), with a warning",
@@ -864,7 +864,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "closed",),
     ),
     Mutant(
-        "reset-waits-for-trainers", "rollstream/cli.py",
+        "reset-waits-for-trainers", "rollstream/cli/operating.py",
         "    trainers = _live_batchers(client, keys)\n",
         "    trainers: list[str] = []\n",
         "reset refuses while a trainer that would put the run back is alive",

@@ -262,7 +262,7 @@ def test_up_takes_every_producer_gone_at_a_stop_as_the_end(r, run, redis_url, mo
     at the stop key: that is the run's end (0), and without a stop still a failure."""
     import io
 
-    import rollstream.launcher as launcher
+    import rollstream.trainer as launcher
     from schemas.errors import ProducersExited
 
     def producers_gone(batcher, opts, progress):

@@ -28,7 +28,7 @@ from consumer import Batcher, ModelServers
 from producers.llm.chat import turn_seed
 from producers.policies import StepContext
 from rollstream.fake_llm import FakeLLMOptions, FakeLLMServer
-from rollstream.watch import snapshot
+from rollstream.status.snapshot import snapshot
 from schemas.config import RolloutConfig
 from schemas.errors import ConfigError, ServerUpdateError
 from schemas.keys import Keys

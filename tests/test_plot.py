@@ -14,8 +14,8 @@ import pytest
 from helpers import clean_env, small_config
 from helpers import run_cli as cli
 
-from rollstream.launcher import Progress, StepPoint, write_plot
 from rollstream.plots import Panel, plot_panels
+from rollstream.progress import Progress, StepPoint, write_plot
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -38,7 +38,7 @@ from consumer import Batcher
 from producers.leases import Leases, fair_share
 from producers.policies import StepContext
 from producers.policies.random import RandomPolicy
-from rollstream.watch import snapshot
+from rollstream.status.snapshot import snapshot
 from schemas.codec import ENTRY_FIELD, decode_trajectory, encode_trajectory
 from schemas.errors import BatcherConflict, BatchTimeout, ConfigError, StepExhausted
 from schemas.keys import Keys

@@ -13,7 +13,7 @@ from helpers import small_config, wait_for
 from consumer import Batcher
 from producers import stall
 from producers.stall import LoopWatch, describe_stack, stall_threshold_s
-from rollstream.watch import snapshot
+from rollstream.status.snapshot import snapshot
 from schemas.keys import Keys
 
 DATA = Path(__file__).parent / "data"

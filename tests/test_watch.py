@@ -14,7 +14,9 @@ from helpers import small_config, wait_for
 
 from consumer import Batcher
 from producers.metrics import WARM_S, ProducerStats
-from rollstream.watch import Limits, render_rich, render_text, snapshot, warnings
+from rollstream.status.render import render_rich, render_text
+from rollstream.status.snapshot import snapshot
+from rollstream.status.warnings import Limits, warnings
 from schemas.errors import BatchTimeout
 from schemas.keys import Keys
 from schemas.stats import ProducerRecord

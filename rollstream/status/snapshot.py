@@ -1,4 +1,4 @@
-"""`rollstream status [--json] [--watch]`: what a run is doing, read from Redis.
+"""The snapshot of `rollstream status`: what a run is doing, read from Redis.
 
 One snapshot is a handful of Redis round trips: the control keys, heartbeats, the producers'
 and batchers' stats records (`schemas/stats.py`), lease owners, stream lengths and pending
@@ -28,13 +28,11 @@ records, which count since their previous record, so one snapshot shows them.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
+from rollstream.status.warnings import Limits, warnings
 from schemas.config import RolloutConfig
 from schemas.errors import DecodeError
 from schemas.keys import BATCHER_CLOSED, CONSUMER_GROUP, Keys
@@ -45,17 +43,6 @@ from schemas.stats import BatcherRecord, ProducerRecord
 MB = 2**20
 
 
-@dataclass
-class Limits:
-    """When status warns."""
-
-    wait_warn_s: float = 30.0  # get_batch waiting longer than this
-    redis_limit_mb: float | None = None  # default: 80% of maxmemory, else 1024 MB
-    memory_growth: float = 1.5  # rss per env this many times its warm baseline ...
-    memory_growth_min_mb: float = 64.0  # ... and at least this much above it
-
-
-# -- the snapshot ------------------------------------------------------------------------------
 def snapshot(client: SyncClient, keys: Keys, config: RolloutConfig,
              limits: Limits | None = None) -> dict[str, Any]:
     """The run's state as a JSON-ready dict (see the module docstring)."""
@@ -319,246 +306,6 @@ def _redis_memory(info: dict[str, Any], limits: Limits) -> dict[str, Any]:
     return {"used_mb": round(float(info.get("used_memory", 0)) / MB, 2),
             "peak_mb": round(float(info.get("used_memory_peak", 0)) / MB, 2),
             "maxmemory_mb": round(maxmemory / MB, 2), "limit_mb": round(limit, 2)}
-
-
-# -- warnings --------------------------------------------------------------------------------------
-def warnings(snap: dict[str, Any], limits: Limits) -> list[str]:
-    """What an operator should look at, one line each."""
-    out: list[str] = []
-    for producer in snap["producers"]:
-        out += _producer_warnings(producer, limits)
-    for mode, info in snap["modes"].items():
-        orphans = info["shards_without_live_producer"]
-        if orphans and not snap["stopped"]:  # a stopped run's producers have left: expected
-            out.append(f"{mode}: {len(orphans)}/{info['shards']} shard(s) with no live "
-                       f"producer: {_ranges(orphans)}")
-    for batcher in snap["batchers"]:
-        if batcher["state"] == "waiting" and batcher["waiting_s"] > limits.wait_warn_s:
-            out.append(_wait_warning(batcher, snap))
-        if batcher["state"] == "gone" and not snap["stopped"]:  # (closed: it ended cleanly)
-            held = " (the run stays paused until a trainer asks again)" \
-                if "sync" in snap["pause"] else ""
-            out.append(f"batcher {batcher['consumer']} is gone: its trainer died{held}; a "
-                       "trainer started again gets its unacked batch again")
-    for server in snap["model_servers"]:
-        if server["set_aside"]:
-            why = sorted(set(server["set_aside"].values()))
-            out.append(f"model server {server['url']} set aside by {len(server['set_aside'])} "
-                       f"producer(s): {why[0]}" + (f" (and {len(why) - 1} other reasons)"
-                                                  if len(why) > 1 else ""))
-        if server["version"] is None:
-            continue
-        behind = snap["version"] - server["version"]
-        if behind > snap["ratio"]:
-            out.append(f"model server {server['url']} holds weight version {server['version']}, "
-                       f"{behind} behind the run's {snap['version']} (staleness bound "
-                       f"{snap['ratio']}): its turns would be stale")
-    memory = snap["redis"]
-    if memory["used_mb"] > memory["limit_mb"]:
-        out.append(f"Redis uses {memory['used_mb']:.1f} MB, past the {memory['limit_mb']:.0f} MB "
-                   "limit (--redis-limit-mb; default 80% of maxmemory, else 1024 MB)")
-    if snap["dropped"]["dead_letters"]:
-        out.append(f"{snap['dropped']['dead_letters']} entries in the dead-letter stream "
-                   "(undecodable trajectories)")
-    return out
-
-
-def _producer_warnings(producer: dict[str, Any], limits: Limits) -> list[str]:
-    name = producer["id"]
-    if producer["state"] == "gone":
-        return [f"producer {name} is gone (no heartbeat for {producer['heartbeat_age_s']:.0f}s)"]
-    out = []
-    if producer.get("recent_stalls"):
-        out.append(f"producer {name}: its event loop was blocked {producer['recent_stalls']} "
-                   f"time(s) since its previous heartbeat, up to "
-                   f"{producer['recent_stall_longest_s']:.1f}s, last in "
-                   f"{producer['recent_stall_where']} (a blocking act or env step holds every "
-                   "env of the producer)")
-    per_env, baseline = producer.get("rss_per_env_mb"), producer.get("rss_per_env_baseline_mb")
-    if per_env and baseline and per_env > limits.memory_growth * baseline:
-        grown_mb = (per_env - baseline) * producer["envs"]
-        if grown_mb >= limits.memory_growth_min_mb:
-            out.append(f"producer {name}: memory per env grew from {baseline:.2f} to "
-                       f"{per_env:.2f} MB ({grown_mb:.0f} MB more over {producer['envs']} envs)")
-    return out
-
-
-def _wait_warning(batcher: dict[str, Any], snap: dict[str, Any]) -> str:
-    why = [f"{batcher['complete']}/{batcher['wanted']} complete groups, "
-           f"{batcher['partial']} partial"]
-    if snap["pause"]:
-        why.append(f"paused: {', '.join(snap['pause'])}")
-    if not snap["live_producers"]:
-        why.append("no live producer")
-    mode = snap["modes"].get(batcher["mode"], {})
-    orphans = mode.get("shards_without_live_producer", [])
-    if orphans:
-        why.append(f"{len(orphans)} shard(s) with no live producer")
-    if snap["stopped"]:
-        why.append("the run is stopped")
-    return (f"{batcher['consumer']} has waited {batcher['waiting_s']:.0f}s for a "
-            f"{batcher['mode']} batch: {'; '.join(why)}")
-
-
-def _ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    parts: list[str] = []
-    start = prev = numbers[0]
-    for n in [*numbers[1:], None]:
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ", ".join(parts)
-
-
-# -- text ------------------------------------------------------------------------------------------
-def render_text(snap: dict[str, Any]) -> str:
-    """Plain lines (for logs, pipes and a one-shot `rollstream status`)."""
-    stopped = ", stopped" if snap["stopped"] else ""
-    lines = [f"run {snap['run']}: version {snap['version']}, val round {snap['val_round']}, "
-             f"pause reasons {snap['pause'] or 'none'}, live producers "
-             f"{snap['live_producers']}{stopped}"]
-    if snap.get("node"):
-        lines.append(f"  held by {snap['node']}")
-    for mode, info in snap["modes"].items():
-        lines.append(f"  {mode}: {info['entries']} entries in streams, {info['shards_leased']}/"
-                     f"{info['shards']} shards leased, consumer group {CONSUMER_GROUP!r}; "
-                     f"{info['backlog']} unread, {info['pending']} pending")
-        for tag, t in info["tags"].items():
-            lines.append(f"    {tag}: {t['envs_running']}/{t['envs']} envs, "
-                         f"{t['episodes_per_s']:.1f} episodes/s, success {_num(t['success'])}, "
-                         f"mean actions {_num(t['mean_actions'])}")
-    if snap["producers"]:
-        lines.append("producers:")
-    for p in snap["producers"]:
-        lines.append(f"  {p['id']} {p['state']}, heartbeat {p['heartbeat_age_s']:.1f}s ago, "
-                     f"shards {','.join(p['shards']) or '-'}" + _producer_tail(p))
-    if snap["batchers"]:
-        lines.append("batchers:")
-    for b in snap["batchers"]:
-        lines.append(f"  {b['consumer']} {_batcher_state(b)}, v{b['version']}, "
-                     f"{b['batches']} batches, {b['delivered']} trajectories delivered")
-    if snap["model_servers"]:
-        lines.append(_servers_line(snap))
-    d, m = snap["dropped"], snap["redis"]
-    lines.append(f"dropped: stale {d['stale']:.0f}, late {d['late']:.0f}, failed groups "
-                 f"{d['failed_groups']:.0f}, dead letters {d['dead_letters']}; redis "
-                 f"{m['used_mb']:.1f} MB (peak {m['peak_mb']:.1f} MB)")
-    if snap["warnings"]:
-        lines.append("warnings:")
-        lines += [f"  ! {w}" for w in snap["warnings"]]
-    return "\n".join(lines)
-
-
-def _servers_line(snap: dict[str, Any]) -> str:
-    return "model servers: " + ", ".join(
-        f"{ms['url']} " + (f"v{ms['version']}" if ms["version"] is not None else "v?")
-        + (" (set aside)" if ms["set_aside"] else "") for ms in snap["model_servers"])
-
-
-def _producer_tail(p: dict[str, Any]) -> str:
-    if "rss_mb" not in p:
-        return ""
-    port = f", metrics :{p['metrics_port']}" if p.get("metrics_port") else ""
-    return (f", {p['traj_per_s']:.1f} traj/s, rss {p['rss_mb']:.0f} MB, cpu "
-            f"{p['cpu_percent']:.0f}%, {p['envs']} envs ({p['in_flight']} in an episode)"
-            f"{port}")
-
-
-def _batcher_state(b: dict[str, Any]) -> str:
-    if b["state"] == "waiting":
-        return (f"waiting {b['waiting_s']:.1f}s for a {b['mode']} batch ({b['complete']}/"
-                f"{b['wanted']} complete groups, {b['partial']} partial)")
-    if b["state"] == "handed":
-        return f"handed out a {b['mode']} batch (waited {b['waiting_s']:.2f}s)"
-    if b["state"] == "timed_out":
-        return f"timed out waiting {b['waiting_s']:.1f}s for a {b['mode']} batch"
-    if b["state"] == "closed":
-        return "closed (its trainer ended)"
-    return "gone (its liveness key expired: the trainer's process died)"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-# -- rich ------------------------------------------------------------------------------------------
-def render_rich(snap: dict[str, Any]) -> Any:
-    """The same snapshot as rich tables (for a terminal)."""
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
-    stopped = "  [red]stopped[/red]" if snap["stopped"] else ""
-    mode = "sync" if snap["sync"] else f"async (ratio {snap['ratio']})"
-    head = Text.from_markup(
-        f"[bold]run {snap['run']}[/bold]  version {snap['version']}  {mode}  pause "
-        f"{', '.join(snap['pause']) or 'none'}  live producers {snap['live_producers']}  "
-        f"redis {snap['redis']['used_mb']:.1f} MB{stopped}")
-    producers = Table("producer", "state", "heartbeat", "shards", "traj/s", "RSS MB", "CPU %",
-                      "envs", "in episode", title="producers", title_justify="left")
-    for p in snap["producers"]:
-        state = "[green]live[/green]" if p["state"] == "live" else "[red]gone[/red]"
-        producers.add_row(p["id"], state, f"{p['heartbeat_age_s']:.1f}s",
-                          ",".join(p["shards"]) or "-", _cell(p, "traj_per_s", "{:.1f}"),
-                          _cell(p, "rss_mb", "{:.0f}"), _cell(p, "cpu_percent", "{:.0f}"),
-                          _cell(p, "envs", "{}"), _cell(p, "in_flight", "{}"))
-    modes = Table("mode", "tag", "envs", "episodes/s", "success", "mean actions", "backlog",
-                  "pending", "shards leased", title="modes", title_justify="left")
-    for name, info in snap["modes"].items():
-        for tag, t in info["tags"].items():
-            modes.add_row(name, tag, f"{t['envs_running']}/{t['envs']}",
-                          f"{t['episodes_per_s']:.1f}", _num(t["success"]),
-                          _num(t["mean_actions"]), str(info["backlog"]), str(info["pending"]),
-                          f"{info['shards_leased']}/{info['shards']}")
-    d = snap["dropped"]
-    parts: list[Any] = [head, producers, modes]
-    parts += [Text(f"batcher {b['consumer']}: {_batcher_state(b)}") for b in snap["batchers"]]
-    if snap["model_servers"]:
-        parts.append(Text(_servers_line(snap)))
-    parts.append(Text(f"dropped: stale {d['stale']:.0f}, late {d['late']:.0f}, failed groups "
-                      f"{d['failed_groups']:.0f}, dead letters {d['dead_letters']}"))
-    parts += [Text(f"! {w}", style="bold yellow") for w in snap["warnings"]]
-    return Group(*parts)
-
-
-def _cell(item: dict[str, Any], name: str, fmt: str) -> str:
-    value = item.get(name)
-    return "-" if value is None else fmt.format(value)
-
-
-# -- the loop --------------------------------------------------------------------------------------
-def watch(take: Callable[[], dict[str, Any]], out: TextIO, *, as_json: bool, live: bool,
-          interval_s: float, count: int | None) -> int:
-    """Print a snapshot every `interval_s` (`count` times, or until Ctrl+C). `live`: redraw in
-    place with rich; else one JSON document or one block of text per refresh."""
-    if live and not as_json:
-        return _watch_rich(take, interval_s, count)
-    shown = 0
-    while count is None or shown < count:
-        if shown:
-            time.sleep(interval_s)
-        snap = take()
-        print(json.dumps(snap) if as_json else render_text(snap) + "\n", file=out, flush=True)
-        shown += 1
-    return 0
-
-
-def _watch_rich(take: Callable[[], dict[str, Any]], interval_s: float,
-                count: int | None) -> int:
-    from rich.live import Live
-
-    shown = 0
-    with Live(render_rich(take()), auto_refresh=False, screen=False) as view:
-        shown += 1
-        while count is None or shown < count:
-            time.sleep(interval_s)
-            view.update(render_rich(take()), refresh=True)
-            shown += 1
-    return 0
 
 
 def _text(value: object) -> str:
