@@ -10,9 +10,10 @@ to `datasets.load_dataset`, which takes a local path too), and is found here as:
 else a one-line `ConfigError` naming the dataset and the key to set.
 
 Splits follow the hub's file naming: a file belongs to the split its name (or a folder's
-name) starts with (`train-00000-of-00001.parquet`, `test.jsonl`, `validation/...`), any other
-file to `train`. With `split` unset, the only split, else `train` (GEM refuses a dataset of
-several splits without one; ROLL's own loader reads `train`).
+name) starts with (`train-00000-of-00001.parquet`, `test.jsonl`, `validation/...`); files
+that name no split are left out when some do, and are all `train` when none does. With
+`split` unset: the only split, else `train` (GEM refuses a dataset of several splits without
+one; ROLL's own loader reads `train`).
 """
 
 from __future__ import annotations
@@ -77,26 +78,30 @@ def locate(dataset_name: str, task: str) -> Path:
         f"{dataset_name} --repo-type dataset --local-dir DIR` writes)")
 
 
-def split_of(path: Path, root: Path, wanted: str | None = None) -> str:
-    """The split a data file belongs to, by the hub's naming: the leading word of its name,
-    else of a folder's name, when it is a split word (or the split `wanted`); else `train`."""
+def split_of(path: Path, root: Path, wanted: str | None = None) -> str | None:
+    """The split a data file's name says, by the hub's naming: the leading word of its name,
+    else of a folder's name, when it is a split word (or the split `wanted`); else None."""
     names = set(SPLIT_WORDS) | ({wanted.lower()} if wanted else set())
     for part in reversed(path.relative_to(root).parts):
         word = _LEADING_WORD.match(part)
         if word and word.group(0).lower() in names:
             return word.group(0).lower()
-    return "train"
+    return None
 
 
 def data_files(path: Path, wanted: str | None = None) -> dict[str, list[Path]]:
-    """The data files under `path` by split (a single file: its own split)."""
+    """The data files under `path` by split, as the hub resolves them: when some file names
+    a split, the files that name none are left out; when none does, all are `train`. A single
+    file is its own split."""
     if path.is_file():
-        return {split_of(path, path.parent, wanted): [path]}
-    files: dict[str, list[Path]] = {}
+        return {split_of(path, path.parent, wanted) or "train": [path]}
+    files: dict[str | None, list[Path]] = {}
     for found in sorted(p for p in path.rglob("*") if p.is_file()
                         and p.suffix in EXTENSIONS and ".cache" not in p.parts):
         files.setdefault(split_of(found, path, wanted), []).append(found)
-    return files
+    unnamed = files.pop(None, [])
+    return {str(k): v for k, v in files.items()} if files else \
+        ({"train": unnamed} if unnamed else {})
 
 
 def read_file(path: Path) -> list[dict[str, Any]]:

@@ -124,10 +124,12 @@ class ProblemEnv(TextTaskEnv):
         self.records = load_records(dataset_name or spec.dataset_name,
                                     split if split is not None else spec.split,
                                     (self.question_key, self.answer_key), task)
+        self.index = 0  # the record of the episode
         self.answer: object = None
 
     def _start(self, seed: int) -> tuple[str, dict[str, Any]]:
-        record = self.records[int(np.random.default_rng(seed).integers(len(self.records)))]
+        self.index = int(np.random.default_rng(seed).integers(len(self.records)))
+        record = self.records[self.index]
         self.answer = record[self.answer_key]
         question = str(record[self.question_key])
         return (QA_PROMPT.format(question=question) if self.kind == "qa" else question), {}
