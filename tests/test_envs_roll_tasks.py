@@ -1,0 +1,82 @@
+"""`rollstream/Gem-v0`: ROLL's gem env types through the env factory and the config check."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import yaml
+from helpers import run_cli
+
+from producers.envs import build_env, env_kwargs, is_text_env, make_env
+from producers.envs.roll_tasks import GEM_ID, is_gem_type
+from schemas.config import RolloutConfig
+from schemas.errors import ConfigError
+
+needs_rg = pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None,
+                              reason="the reasoning extra (reasoning-gym) is not installed")
+
+
+@pytest.mark.parametrize(("env_type", "expected"), [
+    ("game:GuessTheNumber-v0", True), ("rg:letter_counting", True), ("math:GSM8K", True),
+    ("qa:HotpotQA", True), ("logic:RuleTaker-d0", True), ("eval:AIME24", True),
+    ("code:CodeContest", True), ("roll_math", True), ("roll_qa", True), ("roll_code", True),
+    ("sokoban", False), ("frozen_lake", False), ("webshop", False), ("gamex:Foo", False),
+])
+def test_is_gem_type(env_type: str, expected: bool) -> None:
+    assert is_gem_type(env_type) is expected
+
+
+@pytest.mark.parametrize("task", ["code:CodeContest", "code:Taco8k", "roll_code",
+                                  "eval:CodeContest"])
+def test_code_tasks_are_refused_in_one_line(task: str) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        make_env(GEM_ID, {"task": task, "dataset_name": "axon-rl/CodeContest"})
+    message = str(excinfo.value)
+    assert "\n" not in message and message.startswith(f"{task} runs the model's code")
+
+
+@pytest.mark.parametrize("task", ["webshop", None, 3])
+def test_a_task_that_is_no_gem_type_is_refused(task) -> None:
+    with pytest.raises(ConfigError, match="is not a ROLL gem env type"):
+        make_env(GEM_ID, {"task": task})
+
+
+def rg_data(max_steps: int | None = None, **env_config) -> dict:
+    tag = {"env_id": GEM_ID, "env_config": {"task": "rg:letter_counting", "size": 50,
+                                            "seed": 42, **env_config}}
+    if max_steps is not None:
+        tag["max_steps"] = max_steps
+    manager = {"max_env_num_per_worker": 2, "num_env_groups": 2, "group_size": 1,
+               "tags": ["Letters"]}
+    return {"rollout_batch_size": 2, "custom_envs": {"Letters": tag},
+            "train_env_manager": manager, "val_env_manager": manager}
+
+
+def rg_config(max_steps: int | None = None, **env_config) -> RolloutConfig:
+    return RolloutConfig.from_dict(rg_data(max_steps, **env_config))
+
+
+@needs_rg
+def test_a_tag_builds_a_text_env_with_the_tags_step_budget() -> None:
+    config = rg_config(max_steps=3)
+    assert env_kwargs(config.env_spec("Letters"))["max_steps"] == 3
+    env = build_env(config, "Letters")
+    assert is_text_env(env) and env.unwrapped.max_steps == 3
+    assert env.unwrapped.render_mode == "ansi" and "PassiveEnvChecker" not in str(env)
+    assert env.reset(seed=1)[0].startswith("How many times does the letter")
+
+
+@needs_rg
+def test_config_check_passes_and_refuses_as_a_user_would_see(tmp_path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(rg_data()))
+    out = run_cli("config", "check", str(good))
+    assert out.returncode == 0, out.stderr
+    bad = tmp_path / "bad.yaml"
+    data = rg_data(task="rg:leter_counting")
+    bad.write_text(yaml.safe_dump(data))
+    out = run_cli("config", "check", str(bad))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "custom_envs.Letters" in out.stderr and "did you mean rg:letter_counting" in out.stderr
