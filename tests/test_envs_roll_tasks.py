@@ -27,15 +27,6 @@ def test_is_gem_type(env_type: str, expected: bool) -> None:
     assert is_gem_type(env_type) is expected
 
 
-@pytest.mark.parametrize("task", ["code:CodeContest", "code:Taco8k", "roll_code",
-                                  "eval:CodeContest"])
-def test_code_tasks_are_refused_in_one_line(task: str) -> None:
-    with pytest.raises(ConfigError) as excinfo:
-        make_env(GEM_ID, {"task": task, "dataset_name": "axon-rl/CodeContest"})
-    message = str(excinfo.value)
-    assert "\n" not in message and message.startswith(f"{task} runs the model's code")
-
-
 @pytest.mark.parametrize("task", ["webshop", None, 3])
 def test_a_task_that_is_no_gem_type_is_refused(task) -> None:
     with pytest.raises(ConfigError, match="is not a ROLL gem env type"):

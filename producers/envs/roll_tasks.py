@@ -29,8 +29,8 @@ def is_gem_type(env_type: str) -> bool:
 
 
 def make_gem_env(task: str, **kwargs: Any) -> gym.Env:
-    """The env of a ROLL `gem` env type; a one-line `ConfigError` for one rollstream cannot
-    run here, naming what it needs."""
+    """The env of a ROLL `gem` env type; a one-line `ConfigError` naming what is missing for
+    one that cannot run here (a package, a dataset on disk, a word corpus)."""
     if not isinstance(task, str) or not is_gem_type(task):
         raise ConfigError(f"task {task!r} is not a ROLL gem env type (game:, rg:, math:, qa:, "
                           f"logic:, eval:, code: or {', '.join(ROLL_TYPES)})")
@@ -43,8 +43,9 @@ def make_gem_env(task: str, **kwargs: Any) -> gym.Env:
 
         return ReasoningGymEnv(task, **kwargs)
     if task.startswith("code:") or task in CODE_TASKS:
-        raise ConfigError(f"{task} runs the model's code against the dataset's tests, and "
-                          "rollstream has no code sandbox for env rewards yet; not supported")
+        from producers.envs.codetasks import CodeEnv
+
+        return CodeEnv(task, **kwargs)
     from producers.envs.problems import ProblemEnv
 
     return ProblemEnv(task, **kwargs)
