@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,6 +15,7 @@ from producers.envs.roll_tasks import GEM_ID, is_gem_type
 from schemas.config import RolloutConfig
 from schemas.errors import ConfigError
 
+MATH = Path(__file__).parent / "data" / "gem" / "math.jsonl"
 needs_rg = pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None,
                               reason="the reasoning extra (reasoning-gym) is not installed")
 
@@ -71,3 +74,24 @@ def test_config_check_passes_and_refuses_as_a_user_would_see(tmp_path) -> None:
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert "custom_envs.Letters" in out.stderr and "did you mean rg:letter_counting" in out.stderr
+
+
+@pytest.mark.parametrize(("task", "module", "words"), [
+    ("game:Mastermind-v0", "gem", "game: envs need gem-llm (pip install 'rollstream[gem]'"),
+    ("rg:leg_counting", "reasoning_gym",
+     "rg: tasks need reasoning-gym (pip install 'rollstream[reasoning]')"),
+])
+def test_a_missing_package_is_named_in_one_line(task, module, words, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ConfigError) as excinfo:
+        make_env(GEM_ID, {"task": task, "size": 7} if task.startswith("rg:") else {"task": task})
+    assert "\n" not in str(excinfo.value) and str(excinfo.value).startswith(words)
+
+
+def test_math_without_math_verify_is_refused_in_one_line(monkeypatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "math_verify" else real(name, *args))
+    with pytest.raises(ConfigError, match="roll_math grades answers with math-verify, which is "
+                                          "not installed \\(pip install 'rollstream\\[reasoning"):
+        make_env(GEM_ID, {"task": "roll_math", "dataset_name": str(MATH)})

@@ -41,7 +41,7 @@ from producers.envs.task import TextTaskEnv
 from schemas.errors import ConfigError
 
 PREFIX = "game:"
-INSTALL_HINT = "pip install 'rollstream[gem]'"
+INSTALL_HINT = "pip install 'rollstream[gem]', on Python 3.10 or 3.11 (gem-llm 0.0.4's limit)"
 WIN_PREFIX = "Congratulations!"
 WORD_GAMES = ("Wordle", "Hangman")  # the games that need NLTK's `words` corpus
 # One lock for every call into a game: the process-wide random states are swapped under it.
