@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import run_cli
+from helpers import run_cli, small_config
 
 from producers.envs import build_env, env_kwargs, is_text_env, make_env
 from producers.envs.roll_tasks import GEM_ID, is_gem_type
@@ -16,6 +16,7 @@ from schemas.config import RolloutConfig
 from schemas.errors import ConfigError
 
 MATH = Path(__file__).parent / "data" / "gem" / "math.jsonl"
+QA = Path(__file__).parent / "data" / "gem" / "qa.jsonl"
 needs_rg = pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None,
                               reason="the reasoning extra (reasoning-gym) is not installed")
 
@@ -95,3 +96,30 @@ def test_math_without_math_verify_is_refused_in_one_line(monkeypatch) -> None:
     with pytest.raises(ConfigError, match="roll_math grades answers with math-verify, which is "
                                           "not installed \\(pip install 'rollstream\\[reasoning"):
         make_env(GEM_ID, {"task": "roll_math", "dataset_name": str(MATH)})
+
+
+@needs_rg
+def test_rg_and_math_tags_run_through_producers_and_the_batcher(r, run, producer_thread) -> None:
+    """The real path, against Redis: a random policy's text replies (unparsable answers),
+    committed and handed out; the batch keeps the text actions out of the integer array."""
+    from consumer import Batcher
+
+    tags = {"Letters": {"env_id": GEM_ID, "max_steps": 2,
+                        "env_config": {"task": "rg:letter_counting", "size": 50}},
+            "Quiz": {"env_id": GEM_ID, "env_config": {"task": "roll_qa",
+                                                      "dataset_name": str(QA)}}}
+    config = small_config(custom_envs=tags, train_env_manager={
+        "tags": ["Letters", "Quiz"], "num_groups_partition": [2, 2]})
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    batch = batcher.get_batch("train", timeout_s=60)
+    assert {t["tag"] for t in batch.trajectories} == {"Letters", "Quiz"}
+    for traj in batch.trajectories:
+        assert traj["num_actions"] == 1 and traj["terminated"] and not traj["truncated"]
+        assert traj["final_observation"] == "<\uff5cTERMINAL_STATE\uff5c>"
+        assert traj["episode_score"] == 0.0 and traj["success"] is False
+        step = traj["steps"][0]
+        assert isinstance(step["action"], str) and step["info"]["action_is_valid"] is False
+    letters = [t for t in batch.trajectories if t["tag"] == "Letters"]
+    assert letters[0]["steps"][0]["observation"].startswith("How many times does the letter")
+    assert batch.actions is None and batch.metrics["env/Letters/success"] == 0.0
