@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 
 from producers.envs.frozenlake import FrozenLakeEnv
+from producers.envs.roll_tasks import GEM_ID
 from producers.envs.sokoban import SokobanEnv
 from producers.envs.text import TextGridEnv, parse_answer
 from schemas.config import RolloutConfig
@@ -36,6 +37,7 @@ __all__ = [
 _ENTRY_POINTS = {
     SOKOBAN_ID: "producers.envs.sokoban:SokobanEnv",
     FROZENLAKE_ID: "producers.envs.frozenlake:FrozenLakeEnv",
+    GEM_ID: "producers.envs.roll_tasks:make_gem_env",  # ROLL's gem env types (`task` kwarg)
 }
 
 
