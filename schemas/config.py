@@ -28,7 +28,6 @@ from pydantic import (
     model_validator,
 )
 
-from schemas import roll
 from schemas.envspec import DEFAULT_CUSTOM_ENVS, EnvSpec
 from schemas.errors import ConfigError
 from schemas.keys import check_run_name
@@ -38,6 +37,13 @@ from schemas.policy import (
     PythonPolicyConfig,
     RandomPolicyConfig,
     policy_known_keys,
+)
+from schemas.roll import (
+    POLICY_SOURCES,
+    ROLL_NOT_TYPOS,
+    compose,
+    needs_composition,
+    policy_defaults,
 )
 
 logger = logging.getLogger(__name__)
@@ -301,7 +307,7 @@ class RolloutConfig(BaseModel):
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a mapping of config keys at the top level, "
                               f"got a {type(data).__name__}")
-        data, unused, filled_from = roll.policy_defaults(data)
+        data, unused, filled_from = policy_defaults(data)
         cleaned, unknown = _drop_unknown(data)
         unknown += unused
         if unknown and warn:
@@ -336,8 +342,8 @@ class RolloutConfig(BaseModel):
             data = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
-        if roll.needs_composition(data):
-            data = roll.compose(path)
+        if needs_composition(data):
+            data = compose(path)
         return cls.from_dict(data, source=str(path), base_dir=path.resolve().parent)
 
     @classmethod
@@ -440,7 +446,7 @@ def _tag_keys(by_key: dict[str, list[str]], num_tags: int) -> list[str]:
 
 def _policy_hint(data: dict[str, Any]) -> str:
     """Why ROLL's model and sampling keys went unused, when they did."""
-    if not any(key in data for key in roll.POLICY_SOURCES):
+    if not any(key in data for key in POLICY_SOURCES):
         return ""
     return (" (pretrain and actor_infer.generating_args set the model and sampling of a "
             "`policy: {type: openai, base_urls: [...]}` block; this config's policy is not "
@@ -461,7 +467,7 @@ def _drop_section(
 def _named(key: str, known: set[str]) -> str:
     """An unknown key as the warning names it, with the known key it is a typo of if one is
     that close (`rollout_batch_sise (did you mean rollout_batch_size?)`)."""
-    if key in roll.ROLL_NOT_TYPOS:
+    if key in ROLL_NOT_TYPOS:
         return key
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.85)
     return f"{key} (did you mean {close[0]}?)" if close else key
