@@ -724,11 +724,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_watch.py::test_a_stopped_run_is_not_warned_about_shards_its_producers_left",),
     ),
     Mutant(
-        "config-did-you-mean", "schemas/config.py",
+        "config-did-you-mean", "schemas/rollkeys.py",
         "    return f\"{key} (did you mean {close[0]}?)\" if close else key\n",
         "    return key\n",
         "an unknown config key one typo from a known one is named with it",
-        ("tests/test_config.py::test_an_unknown_key_one_typo_from_a_known_one_is_named_with_it",),
+        ("tests/test_config.py::test_an_unknown_key_is_refused_naming_the_key_it_is_a_typo_of",),
+    ),
+    Mutant(
+        "config-unknown-refused", "schemas/rollmap.py",
+        "    if sort.unknown:\n",
+        "    if False:\n",
+        "a key that is neither rollstream's nor ROLL's is refused, not dropped",
+        ("tests/test_config.py::test_an_unknown_key_is_refused_naming_the_key_it_is_a_typo_of",),
     ),
     Mutant(
         "repeated-warnings-held-back", "schemas/repeats.py",
