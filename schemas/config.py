@@ -197,10 +197,16 @@ class RolloutConfig(BaseModel):
         return TagSpec(env_id=tag)
 
     def pending(self) -> list[str]:
-        """What this config uses that producers do not run yet, one line each."""
-        return [pending_note(what, name, tag, support)
-                for tag, spec in self.custom_envs.items()
-                for what, name, support in spec.pending()]
+        """What this config uses that producers do not run yet: one line per env type, env
+        manager or tool, naming the tags that use it."""
+        tags: dict[tuple[str, str], list[str]] = {}
+        supports = {}
+        for tag, spec in self.custom_envs.items():
+            for what, name, support in spec.pending():
+                tags.setdefault((what, name), []).append(tag)
+                supports[(what, name)] = support
+        return [pending_note(what, name, names, supports[(what, name)])
+                for (what, name), names in tags.items()]
 
     def layout(self) -> dict[str, Any]:
         return {mode: self.manager(mode).summary() for mode in self.modes()}

@@ -108,16 +108,18 @@ ENV_MANAGERS: dict[str, Manager] = {
         ("observation", "turn_idx", "suffix", "actions_left", "max_response_length")),
     STEP_ENV_MANAGER: Manager(
         "step", Support("pending", "StepEnvManager",
-                        "producers: one prompt per step with a history window"),
+                        "step-wise prompts with a history window (producer side)"),
         ("env_instruction", "history", "step_count", "history_length", "current_step",
          "current_observation", "max_response_length")),
     STEP_CONCAT_ENV_MANAGER: Manager(
         "step_concat", Support("pending", "StepConcatEnvManager",
-                               "producers: one prompt per step with the observations so far"),
+                               "step-wise prompts with the observations so far (producer "
+                               "side)"),
         ("history", "current_observation")),
     AGENT_NATIVE_ENV_MANAGER: Manager(
         "agent_native", Support("pending", "AgentNativeStepEnvManager",
-                                "producers: the env's own chat messages as the prompt"),
+                                "the env's own chat messages as each prompt (producer "
+                                "side)"),
         None),
     _ROLL_MANAGERS + "vl_traj_env_manager.VLTrajEnvManager": Manager(
         "vl_traj", Support("refused", "VLTrajEnvManager",
@@ -180,7 +182,8 @@ def refusal(what: str, name: str, tag: str, support: Support) -> str:
     return f"{what} {name!r} (tag {tag}): not supported: needs {support.what}"
 
 
-def pending_note(what: str, name: str, tag: str, support: Support) -> str:
+def pending_note(what: str, name: str, tags: list[str], support: Support) -> str:
     """The warning for an accepted entry the producers cannot run yet."""
-    return (f"{what} {name!r} (tag {tag}, {support.kind}): the config is accepted; producers "
-            f"do not run it yet (needs {support.what})")
+    return (f"{what} {name!r} ({support.kind}; {'tag' if len(tags) == 1 else 'tags'} "
+            f"{', '.join(tags)}): accepted by the config, not run by producers yet: needs "
+            f"{support.what}")
