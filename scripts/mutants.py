@@ -731,6 +731,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_config.py::test_an_unknown_key_is_refused_naming_the_key_it_is_a_typo_of",),
     ),
     Mutant(
+        "config-unused-envs-unbuilt", "schemas/config.py",
+        "        return {**data, \"custom_envs\": {tag: merged[tag] for tag in used if tag in "
+        "merged}}\n",
+        "        return {**data, \"custom_envs\": merged}\n",
+        "custom_envs entries no env manager uses are not built or checked (as in ROLL)",
+        ("tests/test_roll_config.py::test_unused_custom_envs_entries_are_neither_built_nor_"
+         "checked",),
+    ),
+    Mutant(
+        "sampling-actor-infer-wins", "schemas/sampling.py",
+        "    if roll.actor_infer is not None:\n",
+        "    if False:\n",
+        "actor_infer.generating_args, when given, samples both modes (ROLL's precedence)",
+        ("tests/test_sampling.py::test_actor_infer_samples_both_modes_over_the_managers_"
+         "blocks",),
+    ),
+    Mutant(
         "config-unknown-refused", "schemas/rollmap.py",
         "    if sort.unknown:\n",
         "    if False:\n",

@@ -337,3 +337,148 @@ def test_rollstream_up_runs_the_roll_file(redis_url, run):
     assert len(val) == 1 and "trajs  1024" in val[0]
     for tag in ("SimpleSokoban", "LargerSokoban", "SokobanDifferentGridVocab", "FrozenLake"):
         assert f"{tag}=" in val[0]
+
+
+# -- ROLL's env managers and their templates -------------------------------------------------
+STEP_MANAGER = "roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager"
+CONCAT_MANAGER = "roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager"
+NATIVE_MANAGER = ("roll.pipeline.agentic.env_manager.agent_native_env_manager."
+                  "AgentNativeStepEnvManager")
+STEP_TEMPLATE = ("## Env Instruction: {env_instruction}\nPrior to this step, you have completed "
+                 "{step_count} steps. The last {history_length} steps: [{history}]\nYou are at "
+                 "step {current_step}: [{current_observation}]\nAt most "
+                 "{max_response_length} tokens.")
+
+
+def lake(**entry):
+    return small_config(custom_envs={"Lake": {"env_type": "frozen_lake", **entry}},
+                        train_env_manager={"tags": ["Lake"]})
+
+
+@pytest.mark.parametrize(
+    ("manager", "template"),
+    [
+        (STEP_MANAGER, STEP_TEMPLATE),
+        (CONCAT_MANAGER, "Observation:\n{history}\n{current_observation}\n\\boxed{{}}"),
+        (None, "{observation}\n{suffix}"),  # TrajEnvManager fills `suffix` too
+        (NATIVE_MANAGER, "agent_template placeholder {anything}"),  # the env gives the prompt
+    ],
+    ids=["step", "step-concat", "traj-suffix", "agent-native"],
+)
+def test_each_env_manager_takes_the_placeholders_rolls_fills(manager, template):
+    entry = {"agent_template": template, "history_length": 5}
+    if manager:
+        entry["env_manager_cls"] = manager
+    spec = lake(**entry).env_spec("Lake")
+    assert spec.agent_template == template and spec.history_length == 5
+    assert spec.manager.name == {STEP_MANAGER: "step", CONCAT_MANAGER: "step_concat",
+                                 NATIVE_MANAGER: "agent_native", None: "traj"}[manager]
+
+
+@pytest.mark.parametrize(
+    ("manager", "template", "unknown"),
+    [
+        (STEP_MANAGER, "{observation} {history}", "['observation']"),  # a traj field
+        (CONCAT_MANAGER, "{env_instruction}\n{history}", "['env_instruction']"),
+        (None, "Turn {turn_idx}: {current_observation}", "['current_observation']"),
+        (None, "{} {observation}", "['{}']"),  # positional: ROLL's format(**fields) fails
+    ],
+)
+def test_a_placeholder_the_manager_does_not_fill_is_refused(manager, template, unknown):
+    entry = {"agent_template": template}
+    if manager:
+        entry["env_manager_cls"] = manager
+    with pytest.raises(ConfigError) as info:
+        lake(**entry)
+    assert f"custom_envs.Lake: agent_template has unknown placeholders {unknown}" in \
+        str(info.value)
+
+
+def test_a_null_system_template_means_no_system_message_and_survives_publishing():
+    """ROLL's step managers send no system message when the template is null (gem_game,
+    gem_rg examples: `agent_system_template: ~`)."""
+    config = lake(agent_system_template=None, env_manager_cls=CONCAT_MANAGER,
+                  agent_template="{history}\n{current_observation}")
+    assert config.env_spec("Lake").agent_system_template is None
+    assert config.env_spec("Lake").agent_prompt.system_template is None
+    published = RolloutConfig.from_json(config.to_json())
+    assert published == config
+    assert lake().env_spec("Lake").agent_system_template  # left out: rollstream's default
+
+
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [
+        ({"env_manager_cls": "my.pkg.Manager"},
+         "env manager 'Manager' (tag Lake): not supported: needs one of ROLL's env managers "
+         "rollstream renders (TrajEnvManager, StepEnvManager, StepConcatEnvManager, "
+         "AgentNativeStepEnvManager)"),
+        ({"tool_wrapper": {"tool_configs": [{"tool_id": "mcp"}]}},
+         "tool 'mcp' (tag Lake): not supported: needs an MCP server"),
+        ({"history_length": 0}, "custom_envs.Lake.history_length"),
+        ({"tool_wrapper": {"tool_configs": []}}, "custom_envs.Lake.tool_wrapper.tool_configs"),
+    ],
+)
+def test_a_tags_manager_and_tools_are_checked(entry, needle):
+    with pytest.raises(ConfigError) as info:
+        lake(**entry)
+    assert needle in str(info.value)
+
+
+def test_a_tool_the_producers_lack_is_accepted_and_said(caplog):
+    with caplog.at_level(logging.WARNING, logger="schemas"):
+        config = lake(tool_wrapper={"wrapper_args": {"max_tool_uses": 1},
+                                    "tool_configs": [{"tool_id": "python_code",
+                                                      "tool_args": {"timeout": 5}}]})
+    assert config.env_spec("Lake").tool_wrapper.tool_configs[0].tool_args == {"timeout": 5}
+    (note,) = config.pending()
+    assert note.startswith("tool 'python_code' (python tool; tag Lake): accepted by the "
+                           "config, not run by producers yet")
+    assert [r.getMessage() for r in caplog.records] == [f"config: {note}"]
+
+
+# -- env managers: ROLL's defaults and the group filter -------------------------------------
+def test_max_env_num_per_worker_zero_or_left_out_puts_every_env_in_one_shard():
+    """ROLL's EnvManagerConfig: max_env_num_per_worker <= 0 means all envs in one worker."""
+    for manager in ({"max_env_num_per_worker": 0}, {"max_env_num_per_worker": None}):
+        data = {"train_env_manager": {"num_env_groups": 4, "group_size": 4,
+                                      "tags": ["FrozenLake"], **manager}}
+        if manager["max_env_num_per_worker"] is None:
+            del data["train_env_manager"]["max_env_num_per_worker"]
+        train = RolloutConfig.from_dict(data).train_env_manager
+        assert (train.max_env_num_per_worker, train.num_shards) == (16, 1)
+
+
+def test_the_group_filter_takes_rolls_names():
+    config = small_config(train_env_manager={
+        "group_filter_cls": "my_filters.DropEasy",
+        "group_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": 0.01}}})
+    train = config.train_env_manager
+    assert train.group_filter_cls == "my_filters.DropEasy"
+    assert train.group_filter_config.active
+    assert train.group_filter_config.filter_args.std_threshold == 0.01
+    assert RolloutConfig.from_json(config.to_json()) == config
+    # ROLL's default class keeps every group: no filter
+    roll_default = "roll.pipeline.agentic.agentic_pipeline.GroupFilter"
+    plain = small_config(train_env_manager={"group_filter_cls": roll_default})
+    assert plain.train_env_manager.group_filter_cls is None
+    assert not plain.train_env_manager.group_filter_config.active
+
+
+@pytest.mark.parametrize(
+    ("manager", "needle"),
+    [
+        ({"group_filter_cls": "not a path"}, "is not an import path"),
+        ({"group_filter_cls": "roll.pipeline.agentic.env_manager.agent_native_env_manager."
+                               "GroupFilter"}, "is ROLL's own class"),
+        ({"group_filter_config": {"type": "mean_filter"}}, "group_filter_config.type"),
+        ({"group_filter_config": {"type": "std_filter", "filter_args": {"std": 1}}},
+         "group_filter_config.filter_args.std"),
+        ({"group_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": -1}}},
+         "std_threshold"),
+    ],
+)
+def test_a_bad_group_filter_is_refused_naming_the_field(manager, needle):
+    with pytest.raises(ConfigError) as info:
+        small_config(train_env_manager=manager)
+    assert f"train_env_manager.{needle}" in str(info.value) or needle in str(info.value)
