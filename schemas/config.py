@@ -127,10 +127,6 @@ class RolloutConfig(BaseModel):
             for tag in tags if isinstance(tags, list) else ():
                 if str(tag) not in merged and not _is_gym_id(str(tag)):
                     raise ValueError(_unknown_tag(name, str(tag), merged))
-        dropped = [tag for tag in (given or {}) if str(tag) not in used]
-        if dropped:
-            logger.debug("custom_envs: not used by an env manager, not built: %s",
-                         ", ".join(map(str, dropped)))
         return {**data, "custom_envs": {tag: merged[tag] for tag in used if tag in merged}}
 
     @model_validator(mode="after")

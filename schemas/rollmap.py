@@ -179,7 +179,10 @@ def _tag_keys(sort: KeySort, data: dict[str, Any]) -> None:
     if not isinstance(envs, dict):
         return
     ours = set(TagSpec.model_fields)
-    for tag in used_tags(data):
+    used = used_tags(data)
+    sort.set_aside += [f"custom_envs.{tag} (no env manager uses it)" for tag in envs
+                       if str(tag) not in used]
+    for tag in used:
         entry = envs.get(tag)
         if isinstance(entry, dict):
             envs[tag] = sort.section(entry, f"custom_envs.{tag}.", ours, ROLL_TAG_KEYS)
