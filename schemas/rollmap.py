@@ -17,7 +17,7 @@ A file is rollstream's own config, a ROLL agentic pipeline file, or both (a ROLL
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from schemas.envtypes import (
@@ -91,7 +91,7 @@ def translate(data: dict[str, Any], ours: Iterable[str], source: str,
         raise ConfigError(f"{source}: unknown config key{plural} {', '.join(sort.unknown)}")
     lengths = {k: out.pop(k, None) for k in ("sequence_length", "prompt_length",
                                              "response_length")}
-    roll = RollSampling(roll.actor_infer, roll.train, roll.val, **lengths)
+    roll = replace(roll, **lengths)
     top = {k: out.pop(k, None) for k in ("pretrain", "skip_mock_system_prompt")}
     result = Translated(out, sort.set_aside)
     if isinstance(policy, dict) and policy.get("type") == "openai":
@@ -161,10 +161,11 @@ def _generating_args(sort: KeySort, args: Any, where: str) -> dict[str, Any] | N
 
 
 def _with(roll: RollSampling, name: str, args: dict[str, Any] | None) -> RollSampling:
-    key = {"train_env_manager": "train", "val_env_manager": "val"}.get(name, name)
-    fields = {"actor_infer": roll.actor_infer, "train": roll.train, "val": roll.val}
-    fields[key] = args
-    return RollSampling(**fields)
+    if name == "train_env_manager":
+        return replace(roll, train=args)
+    if name == "val_env_manager":
+        return replace(roll, val=args)
+    return replace(roll, actor_infer=args)
 
 
 def _blocks(roll: RollSampling) -> list[tuple[str, dict[str, Any] | None]]:
