@@ -482,3 +482,21 @@ def test_a_bad_group_filter_is_refused_naming_the_field(manager, needle):
     with pytest.raises(ConfigError) as info:
         small_config(train_env_manager=manager)
     assert f"train_env_manager.{needle}" in str(info.value) or needle in str(info.value)
+
+
+def test_a_variable_the_file_interpolates_is_set_aside_an_unused_one_refused(roll_copy):
+    """ROLL files keep values in top-level variables (`max_actions_per_traj: 10` ...
+    `${max_actions_per_traj}`): one the file refers to is known; one nothing refers to and
+    ROLL does not define is an unknown key like any other."""
+    from schemas.roll import referenced_keys
+
+    assert referenced_keys({"a": "${x.y}", "b": ["${oc.env:HOME}", "${.sib} ${z}"],
+                            "c": {"d": "${w[0]}"}}) == {"x", "z", "w"}
+    mine = roll_copy.parent / "vars.yaml"
+    mine.write_text("defaults:\n  - agentic_val_sokoban@_here_\n  - _self_\n"
+                    "my_seed: 7\nseed: ${my_seed}\n", encoding="utf-8")
+    assert RolloutConfig.from_yaml(mine).seed == 7
+    mine.write_text("defaults:\n  - agentic_val_sokoban@_here_\n  - _self_\n"
+                    "my_sed: 7\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"vars.yaml: unknown config key my_sed$"):
+        RolloutConfig.from_yaml(mine)
