@@ -70,8 +70,9 @@ def translate(data: dict[str, Any], ours: Iterable[str], source: str,
     out = sort.section(data, "", ours, set_aside, keep=POLICY_KEYS)
     roll = RollSampling()
     for name in MANAGERS:
-        out[name], args = _manager(sort, out.get(name), name)
-        roll = _with(roll, name, args)
+        if name in out:
+            out[name], args = _manager(sort, out[name], name)
+            roll = _with(roll, name, args)
     infer = sort.section(out.pop("actor_infer", None), "actor_infer.", {"generating_args"},
                          ROLL_WORKER)
     if isinstance(infer, dict):
@@ -93,7 +94,8 @@ def translate(data: dict[str, Any], ours: Iterable[str], source: str,
                                              "response_length")}
     roll = replace(roll, **lengths)
     top = {k: out.pop(k, None) for k in ("pretrain", "skip_mock_system_prompt")}
-    result = Translated(out, sort.set_aside)
+    # a key given as null is a key left out (as before ROLL's keys were read)
+    result = Translated({k: v for k, v in out.items() if v is not None}, sort.set_aside)
     if isinstance(policy, dict) and policy.get("type") == "openai":
         _fill_policy(result, policy, roll, top)
     else:

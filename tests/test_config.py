@@ -162,6 +162,14 @@ def test_rolls_own_names_are_no_typos_and_variables_are_set_aside():
     assert config.seed == 42
 
 
+def test_a_key_given_as_null_is_a_key_left_out():
+    config = RolloutConfig.from_dict({"seed": None, "val_env_manager": None, "policy": None,
+                                      "train_env_manager": manager()})
+    assert (config.seed, config.val_env_manager, config.policy.type) == (42, None, "random")
+    with pytest.raises(ConfigError, match="^config: train_env_manager: Field required$"):
+        RolloutConfig.from_dict({"seed": 3})
+
+
 def test_a_typo_in_the_cli_is_exit_2_with_one_line(tmp_path):
     path = tmp_path / "typo.yaml"
     path.write_text("rollout_batch_sise: 16\ntrain_env_manager:\n  max_env_num_per_worker: 4\n"
