@@ -5,7 +5,7 @@ admission/expiry schedule live here once; producers and consumer both import the
 """
 
 from schemas.codec import SCHEMA_VERSION, decode_trajectory, encode_trajectory
-from schemas.config import EnvManagerConfig, RolloutConfig
+from schemas.config import RolloutConfig
 from schemas.envspec import EnvSpec
 from schemas.errors import (
     BatchTimeout,
@@ -15,6 +15,7 @@ from schemas.errors import (
     StepExhausted,
 )
 from schemas.keys import Keys
+from schemas.manager import EnvManagerConfig, GroupFilterConfig
 from schemas.policy import (
     OpenAIPolicyConfig,
     PolicyConfig,
@@ -22,7 +23,9 @@ from schemas.policy import (
     RandomPolicyConfig,
 )
 from schemas.protocol import Schedule
+from schemas.sampling import Sampling, SamplingConfig
 from schemas.seeding import episode_seed
+from schemas.tagspec import TagSpec
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -31,6 +34,7 @@ __all__ = [
     "DecodeError",
     "EnvManagerConfig",
     "EnvSpec",
+    "GroupFilterConfig",
     "Keys",
     "OpenAIPolicyConfig",
     "PolicyConfig",
@@ -38,8 +42,11 @@ __all__ = [
     "RandomPolicyConfig",
     "RolloutConfig",
     "RollstreamError",
+    "Sampling",
+    "SamplingConfig",
     "Schedule",
     "StepExhausted",
+    "TagSpec",
     "decode_trajectory",
     "encode_trajectory",
     "episode_seed",

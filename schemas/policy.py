@@ -26,6 +26,9 @@ from pydantic import (
     model_validator,
 )
 
+from schemas.sampling import SHORTHANDS, SamplingConfig
+from schemas.sampling import resolve as resolve_sampling
+
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -58,12 +61,14 @@ class OpenAIPolicyConfig(BaseModel):
     model: str = Field(min_length=1, description="the served model name")
     api_key_env: str | None = Field(
         default=None, description="name of the environment variable holding the API key")
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=-1, description="-1: no top-k")
-    max_tokens: PositiveInt = Field(
-        default=512, description="per turn; a tag's max_tokens_per_step overrides it")
-    val_temperature: float = Field(default=0.0, ge=0, description="temperature of val rounds")
+    sampling: SamplingConfig = Field(
+        description="train and val sampling and where each value came from "
+        "(schemas.sampling); the block's temperature, val_temperature, top_p, top_k and "
+        "max_tokens set it")
+    skip_mock_system_prompt: bool = Field(
+        default=False, description="ROLL's flag for a tag with no system message: false, the "
+        "prompt has no system turn at all (the chat template's default system prompt is cut "
+        "off); true, the chat template adds its default")
     max_inflight: PositiveInt = Field(default=1024, description="requests in flight per producer")
     timeout_s: float = Field(default=600.0, gt=0, description="per request")
     max_retries: NonNegativeInt = Field(
@@ -73,6 +78,36 @@ class OpenAIPolicyConfig(BaseModel):
     require_version: bool = Field(
         default=False, description="send a turn only to a server whose weight version is "
         "within the run's staleness bound; wait otherwise")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_sampling(cls, data: Any) -> Any:
+        # the shorthand keys become `sampling`, with where each value came from
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k not in SHORTHANDS} | {
+                "sampling": resolve_sampling(data)}
+        return data
+
+    # the shorthands, read back (the producers' names for the train values)
+    @property
+    def temperature(self) -> float:
+        return self.sampling.train.temperature
+
+    @property
+    def val_temperature(self) -> float:
+        return self.sampling.val.temperature
+
+    @property
+    def top_p(self) -> float:
+        return self.sampling.train.top_p
+
+    @property
+    def top_k(self) -> int:
+        return self.sampling.train.top_k
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling.train.max_new_tokens
 
     @field_validator("api_key_env")
     @classmethod
@@ -198,8 +233,10 @@ def policy_known_keys(section: dict[str, Any]) -> set[str] | None:
     if model is None or model is PythonPolicyConfig:
         return None
     # an inline api_key reaches the model, which refuses it (dropped, it would fail later
-    # with a 401 and only a warning to go on)
-    return set(model.model_fields) | ({"api_key"} if model is OpenAIPolicyConfig else set())
+    # with a 401 and only a warning to go on); the sampling shorthands become `sampling`
+    if model is OpenAIPolicyConfig:
+        return set(model.model_fields) | {"api_key"} | set(SHORTHANDS)
+    return set(model.model_fields)
 
 
 @dataclass(frozen=True)

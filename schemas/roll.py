@@ -12,10 +12,9 @@ Hydra and OmegaConf are the optional extra `rollstream[roll]`. The compose API, 
 `@hydra.main`, neither changes the working directory nor configures logging; a Hydra already
 initialized in the calling process (a trainer under `@hydra.main`) is put back afterwards.
 
-The ROLL keys that set an LLM policy, `pretrain` (the model) and
-`actor_infer.generating_args`, fill the defaults of a `policy: {type: openai}` block
-(`policy_defaults`); a ROLL file names no inference server, so without such a block the
-policy stays random and those keys are reported as ignored.
+What the composed keys become (taken, set aside, refused) is `schemas.rollmap`'s business;
+`compose` also returns the top-level names the file's interpolations refer to (its
+variables, such as `max_actions_per_traj`), which are set aside rather than refused.
 """
 
 from __future__ import annotations
@@ -31,19 +30,6 @@ from schemas.errors import ConfigError
 
 INSTALL_HINT = "pip install 'rollstream[roll]'"
 ROLL_VERSION_BASE = "1.1"  # what Hydra assumes for ROLL's launcher, which names none
-
-# ROLL's `actor_infer.generating_args` -> the openai policy's keys.
-GENERATING_ARGS = {
-    "max_new_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-}
-POLICY_SOURCES = ("pretrain", "actor_infer")  # top-level ROLL keys read by policy_defaults
-# ROLL's own top-level keys one edit from one of ours: never suggested as a typo (`custom_env`
-# holds the env definitions that `custom_envs` interpolates in ROLL's pipeline files)
-ROLL_NOT_TYPOS = frozenset({"custom_env"})
-
 
 def needs_composition(data: Any) -> bool:
     """Whether a parsed file is one Hydra must compose: a top-level `defaults` list, or a
@@ -63,8 +49,9 @@ def _has_interpolation(node: Any) -> bool:
     return False
 
 
-def compose(path: Path) -> dict[str, Any]:
-    """The file composed and resolved as ROLL's launcher does: a plain dict.
+def compose(path: Path) -> tuple[dict[str, Any], frozenset[str]]:
+    """The file composed and resolved as ROLL's launcher does, as a plain dict, and the
+    top-level keys its interpolations refer to.
 
     Every failure is a one-line `ConfigError` naming the file and, where Hydra or OmegaConf
     says which, the key (a missing defaults file, an interpolation to nowhere)."""
@@ -90,6 +77,7 @@ def compose(path: Path) -> dict[str, Any]:
             warnings.filterwarnings("ignore", category=Hydra14MigrationWarning)
             with initialize_config_dir(config_dir=config_dir, version_base=ROLL_VERSION_BASE):
                 cfg = hydra_compose(config_name=path.stem)
+            variables = referenced_keys(OmegaConf.to_container(cfg, resolve=False))
             data = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"{path}: {_omegaconf_problem(exc)}") from None
@@ -100,7 +88,30 @@ def compose(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
-    return {str(k): v for k, v in data.items()}
+    return {str(k): v for k, v in data.items()}, variables
+
+
+_INTERPOLATION = re.compile(r"\$\{([^${}]*)\}")
+
+
+def referenced_keys(node: Any) -> frozenset[str]:
+    """The top-level keys that `${...}` interpolations in `node` refer to: `${custom_env.X}`
+    refers to `custom_env`; resolver calls (`${oc.env:HOME}`, `${now:%Y}`) and relative
+    references (`${.x}`) to none."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            for body in _INTERPOLATION.findall(item):
+                body = body.strip()
+                if body and ":" not in body and not body.startswith("."):
+                    found.add(re.split(r"[.\[]", body, maxsplit=1)[0])
+    return frozenset(found)
 
 
 @contextmanager
@@ -149,45 +160,3 @@ def _hydra_problem(exc: Exception, config_dir: str) -> str:
 def _first_line(exc: Exception) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
-
-
-def policy_defaults(
-    data: dict[str, Any],
-) -> tuple[dict[str, Any], list[str], dict[str, str]]:
-    """`data` with ROLL's model and sampling settings filling an openai policy block.
-
-    With `policy: {type: openai, ...}`, `pretrain` becomes the block's `model` and
-    `actor_infer.generating_args` its `max_tokens`, `temperature`, `top_p` and `top_k`; keys
-    the block sets itself win. Returns the new data (without `pretrain` and `actor_infer`),
-    the parts of `actor_infer` left unused, for the warning, and where each policy key it
-    filled came from (`max_tokens` -> `actor_infer.generating_args.max_new_tokens`), so an
-    error names what the user wrote. Any other policy: `data` unchanged (the two keys are
-    then unknown keys like any other)."""
-    policy = data.get("policy")
-    if not (isinstance(policy, dict) and policy.get("type") == "openai"):
-        return data, [], {}
-    if not any(key in data for key in POLICY_SOURCES):
-        return data, [], {}
-    filled: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    if data.get("pretrain") is not None:
-        filled["model"], sources["model"] = data["pretrain"], "pretrain"
-    unused: list[str] = []
-    infer = data.get("actor_infer")
-    if isinstance(infer, dict):
-        unused += [f"actor_infer.{key}" for key in infer if key != "generating_args"]
-        args = infer.get("generating_args")
-        if isinstance(args, dict):
-            for key, value in args.items():
-                if key in GENERATING_ARGS and value is not None:
-                    filled[GENERATING_ARGS[key]] = value
-                    sources[GENERATING_ARGS[key]] = f"actor_infer.generating_args.{key}"
-                elif key not in GENERATING_ARGS:
-                    unused.append(f"actor_infer.generating_args.{key}")
-        elif args is not None:
-            unused.append("actor_infer.generating_args")
-    elif infer is not None:
-        unused.append("actor_infer")
-    out = {key: value for key, value in data.items() if key not in POLICY_SOURCES}
-    out["policy"] = {**filled, **policy}
-    return out, unused, {key: where for key, where in sources.items() if key not in policy}

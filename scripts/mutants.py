@@ -724,11 +724,35 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_watch.py::test_a_stopped_run_is_not_warned_about_shards_its_producers_left",),
     ),
     Mutant(
-        "config-did-you-mean", "schemas/config.py",
+        "config-did-you-mean", "schemas/rollkeys.py",
         "    return f\"{key} (did you mean {close[0]}?)\" if close else key\n",
         "    return key\n",
         "an unknown config key one typo from a known one is named with it",
-        ("tests/test_config.py::test_an_unknown_key_one_typo_from_a_known_one_is_named_with_it",),
+        ("tests/test_config.py::test_an_unknown_key_is_refused_naming_the_key_it_is_a_typo_of",),
+    ),
+    Mutant(
+        "config-unused-envs-unbuilt", "schemas/config.py",
+        "        return {**data, \"custom_envs\": {tag: merged[tag] for tag in used if tag in "
+        "merged}}\n",
+        "        return {**data, \"custom_envs\": merged}\n",
+        "custom_envs entries no env manager uses are not built or checked (as in ROLL)",
+        ("tests/test_roll_config.py::test_unused_custom_envs_entries_are_neither_built_nor_"
+         "checked",),
+    ),
+    Mutant(
+        "sampling-actor-infer-wins", "schemas/sampling.py",
+        "    if roll.actor_infer is not None:\n",
+        "    if False:\n",
+        "actor_infer.generating_args, when given, samples both modes (ROLL's precedence)",
+        ("tests/test_sampling.py::test_actor_infer_samples_both_modes_over_the_managers_"
+         "blocks",),
+    ),
+    Mutant(
+        "config-unknown-refused", "schemas/rollmap.py",
+        "    if sort.unknown:\n",
+        "    if False:\n",
+        "a key that is neither rollstream's nor ROLL's is refused, not dropped",
+        ("tests/test_config.py::test_an_unknown_key_is_refused_naming_the_key_it_is_a_typo_of",),
     ),
     Mutant(
         "repeated-warnings-held-back", "schemas/repeats.py",

@@ -85,7 +85,7 @@ def test_batch_sizes_default_to_one_trajectory_per_env_group_member():
         ({"train_env_manager": manager(num_env_groups=0)},
          "train_env_manager.num_env_groups"),
         ({"train_env_manager": manager(group_size=-1)}, "train_env_manager.group_size"),
-        ({"train_env_manager": manager(max_env_num_per_worker=0)},
+        ({"train_env_manager": manager(max_env_num_per_worker=-1)},
          "train_env_manager.max_env_num_per_worker"),
         ({"train_env_manager": manager(num_groups_partition=[0])},
          "train_env_manager.num_groups_partition.0"),
@@ -95,7 +95,11 @@ def test_batch_sizes_default_to_one_trajectory_per_env_group_member():
          "val_batch_size 3 is not a multiple of val_env_manager.group_size 2"),
         ({"async_generation_ratio": -1}, "async_generation_ratio"),
         ({"async_generation_ratio": 0.5}, "async_generation_ratio"),
-        ({"custom_envs": {"Mine": {"env_type": "chess"}}}, "custom_envs.Mine"),
+        ({"custom_envs": {"Mine": {"env_type": "chess"}},
+          "train_env_manager": manager(tags=["Mine"])},
+         "env type 'chess' (tag Mine): not supported: needs one of ROLL's env types"),
+        ({"custom_envs": {"Mine": {"env_config": {}}}, "train_env_manager": manager(tags=["Mine"])},
+         "custom_envs.Mine: needs env_id"),
         ({"policy": {"type": "telepathy"}}, "policy.type"),
     ],
 )
@@ -105,32 +109,75 @@ def test_refusals_name_the_field(top, needle):
     assert needle in str(info.value)
 
 
-def test_unknown_keys_are_ignored_with_one_warning_listing_them(caplog):
-    with caplog.at_level(logging.WARNING):
-        config = load(pipeline_cls="roll.Pipeline", actor_train={"lr": 1},
-                      train_env_manager=manager(env_manager_cls="X"),
+def test_rolls_keys_are_set_aside_quietly_and_listed_at_debug(caplog):
+    """ROLL's trainer and worker keys, its launcher's and its env managers' own: known, set
+    aside without a warning, named once at DEBUG."""
+    with caplog.at_level(logging.DEBUG, logger="schemas"):
+        config = load(pipeline_cls="roll.Pipeline", actor_train={"lr": 1}, ppo_epochs=1,
+                      train_env_manager=manager(worker_cls="X", format_penalty=-0.1),
                       custom_envs={"FrozenLake": {"env_type": "frozen_lake",
                                                   "use_thread_lock": True}})
     assert config.train_env_manager.num_env_groups == 4
-    warnings = [r.getMessage() for r in caplog.records if "unknown config keys" in r.getMessage()]
-    assert len(warnings) == 1
-    for key in ("pipeline_cls", "actor_train", "train_env_manager.env_manager_cls",
-                "custom_envs.FrozenLake.use_thread_lock"):
-        assert key in warnings[0]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    (line,) = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+    for key in ("pipeline_cls", "actor_train", "ppo_epochs", "train_env_manager.worker_cls",
+                "train_env_manager.format_penalty", "custom_envs.FrozenLake.use_thread_lock"):
+        assert key in line
+    assert "actor_train." not in line  # a section is set aside whole
 
 
-def test_an_unknown_key_one_typo_from_a_known_one_is_named_with_it(caplog):
-    """`rollout_batch_sise: 128` ran with the default batch size and a warning that did not
-    say which key was meant; ROLL's own `custom_env` is not taken for a typo."""
-    with caplog.at_level(logging.WARNING):
-        load(rollout_batch_sise=128, custom_env={"X": 1}, pipeline_cls="roll.Pipeline",
-             train_env_manager=manager(num_env_group=8))
-    (warning,) = [r.getMessage() for r in caplog.records if "unknown config keys" in
-                  r.getMessage()]
-    assert "rollout_batch_sise (did you mean rollout_batch_size?)" in warning
-    assert "train_env_manager.num_env_group (did you mean num_env_groups?)" in warning
-    assert "custom_env," in warning and "custom_env (" not in warning
-    assert "pipeline_cls (" not in warning
+@pytest.mark.parametrize(
+    ("top", "needle"),
+    [
+        ({"rollout_batch_sise": 128}, "unknown config key rollout_batch_sise (did you mean "
+                                      "rollout_batch_size?)"),
+        ({"train_env_manager": manager(num_env_group=8)},
+         "train_env_manager.num_env_group (did you mean num_env_groups?)"),
+        ({"train_env_manager": {**manager(), "generating_args": {"temprature": 0.5}}},
+         "train_env_manager.generating_args.temprature (did you mean temperature?)"),
+        ({"actor_infer": {"generating_arg": {}}},
+         "actor_infer.generating_arg (did you mean generating_args?)"),
+        ({"custom_envs": {"FrozenLake": {"env_type": "frozen_lake", "max_step": 3}}},
+         "custom_envs.FrozenLake.max_step (did you mean max_steps?)"),
+        ({"policy": {"latency": 1}}, "policy.latency"),
+        ({"what_is_this": 1, "seed": 3}, "unknown config key what_is_this"),
+    ],
+)
+def test_an_unknown_key_is_refused_naming_the_key_it_is_a_typo_of(top, needle):
+    """`rollout_batch_sise: 128` ran with the default batch size behind a warning that listed
+    ~40 ignored keys; now nothing unknown passes, in any section rollstream reads."""
+    with pytest.raises(ConfigError) as info:
+        load(**top)
+    assert needle in str(info.value)
+    assert len(str(info.value).splitlines()) == 1
+
+
+def test_rolls_own_names_are_no_typos_and_variables_are_set_aside():
+    """ROLL's `custom_env` (the entries `custom_envs` interpolates) is one edit from
+    `custom_envs` but never offered as a typo of it; its examples' variables are known."""
+    with pytest.raises(ConfigError) as info:
+        load(custom_env={"X": 1}, rollout_batch_sise=128)
+    assert "custom_env," not in str(info.value) and "custom_env " not in str(info.value)
+    config = load(custom_env={"X": 1}, max_actions_per_traj=10, env_manager_cls="x.Y")
+    assert config.seed == 42
+
+
+def test_a_key_given_as_null_is_a_key_left_out():
+    config = RolloutConfig.from_dict({"seed": None, "val_env_manager": None, "policy": None,
+                                      "train_env_manager": manager()})
+    assert (config.seed, config.val_env_manager, config.policy.type) == (42, None, "random")
+    with pytest.raises(ConfigError, match="^config: train_env_manager: Field required$"):
+        RolloutConfig.from_dict({"seed": 3})
+
+
+def test_a_typo_in_the_cli_is_exit_2_with_one_line(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("rollout_batch_sise: 16\ntrain_env_manager:\n  max_env_num_per_worker: 4\n"
+                    "  num_env_groups: 4\n  group_size: 2\n  tags: [FrozenLake]\n")
+    out = run_cli("config", "check", str(path))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip() == (f"rollstream: error: {path}: unknown config key "
+                                  "rollout_batch_sise (did you mean rollout_batch_size?)")
 
 
 def test_val_group_size_above_one_is_allowed_with_a_warning(caplog):

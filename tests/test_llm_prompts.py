@@ -63,9 +63,10 @@ def test_a_bad_action_pattern_fails_config_with_the_tag(pattern: str, message: s
 def test_unknown_template_placeholders_fail_config() -> None:
     with pytest.raises(ConfigError) as info:
         small_config(custom_envs={"Lake": {"env_type": "frozen_lake",
-                                           "agent_template": "turn {turn} {observation}"}})
-    assert "custom_envs.Lake.agent_template: agent_template has unknown placeholders " \
-           "['turn']" in str(info.value)
+                                           "agent_template": "turn {turn} {observation}"}},
+                     train_env_manager={"tags": ["Lake"]})
+    assert "custom_envs.Lake: agent_template has unknown placeholders ['turn']" \
+        in str(info.value)
 
 
 def test_build_env_hands_the_tag_prompt_to_the_policy() -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -47,16 +46,16 @@ def roll_copy(tmp_path: Path) -> Path:
     return tmp_path / "roll" / "agentic" / "agentic_val_sokoban.yaml"
 
 
-def unknown_keys_warning(caplog: pytest.LogCaptureFixture) -> list[str]:
-    found = [r.getMessage() for r in caplog.records if "unknown config keys" in r.getMessage()]
+def set_aside_line(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The keys of the one DEBUG line naming what a file's load set aside."""
+    found = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
     assert len(found) == 1, found
-    listed = found[0].split("unknown config keys: ", 1)[1].split(" (", 1)[0]
-    return listed.split(", ")
+    return found[0].split("does not use): ", 1)[1].split(", ")
 
 
 # -- composition ----------------------------------------------------------------------------
 def test_the_roll_pipeline_composes_as_roll_reads_it(caplog):
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG, logger="schemas"):
         config = RolloutConfig.from_yaml(ROLL_FILE)
     layout = config.layout()
     assert layout["train"] == {"envs": 1024, "groups": 128, "shards": 64, "group_size": 8,
@@ -67,24 +66,45 @@ def test_the_roll_pipeline_composes_as_roll_reads_it(caplog):
     assert (config.seed, config.ratio, config.train_batch_size, config.val_batch) == \
         (42, 1, 1024, 1024)
     assert config.policy.type == "random"  # no policy block
-    assert list(config.custom_envs) == ROLL_TAGS  # ${custom_env.X} resolved per tag
-    for tag in ROLL_TAGS:
+    # ${custom_env.X} resolved per tag; FrozenLakeThink, which no env manager uses, not built
+    assert list(config.custom_envs) == ROLL_TAGS[:4]
+    for tag in ROLL_TAGS[:4]:
         spec = config.custom_envs[tag]
         assert spec.max_steps == 10 and spec.env_config["max_steps"] == 10  # interpolated
         # the file's own max_tokens_per_step (64) beats its defaults file's (128): _self_ last
         assert spec.max_tokens_per_step == 64
         assert spec.agent_system_template.startswith("You play grid puzzle games")
         assert "Actions left: {actions_left}" in spec.agent_template
-    assert config.env_spec("FrozenLakeThink").env_config["action_pattern"].startswith("<think>")
+        assert spec.manager.name == "traj"
     vocab = config.env_spec("SokobanDifferentGridVocab").env_config
     assert vocab["grid_lookup"] == {0: "W", 1: ".", 2: "G", 3: "C", 4: "B", 5: "A", 6: "@"}
-    # a full ROLL file's ignored keys: each once, top-level sections by name, not by leaf
-    listed = unknown_keys_warning(caplog)
+    # a full ROLL file's trainer keys: set aside quietly, each once, sections by name
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    listed = set_aside_line(caplog)
     assert len(listed) == len(set(listed))
-    for key in ("actor_train", "actor_infer", "pretrain", "deepspeed_zero", "custom_env",
-                "custom_envs.*.use_thread_lock", "custom_envs.*.env_manager_cls"):
+    for key in ("actor_train", "pretrain", "deepspeed_zero", "custom_env",
+                "actor_infer.model_args", "actor_infer.generating_args",
+                "custom_envs.SimpleSokoban.use_thread_lock"):
         assert key in listed
     assert not [key for key in listed if key.startswith(("actor_train.", "custom_env."))]
+
+
+def test_unused_custom_envs_entries_are_neither_built_nor_checked(roll_copy):
+    """ROLL builds only the tags its env managers use: an unused entry of an env type
+    rollstream does not have, with keys it does not know, is no reason to refuse a file."""
+    text = roll_copy.read_text(encoding="utf-8")
+    roll_copy.write_text(text + "  WebShopEnv:\n    env_type: webshop\n    no_such_key: 1\n"
+                         "    env_manager_cls: my.own.Manager\n", encoding="utf-8")
+    config = RolloutConfig.from_yaml(roll_copy)
+    assert "WebShopEnv" not in config.custom_envs
+    # the same entry used: refused, one line naming the env type and what it needs
+    roll_copy.write_text(roll_copy.read_text(encoding="utf-8").replace(
+        "tags: [SimpleSokoban]", "tags: [WebShopEnv]"), encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        RolloutConfig.from_yaml(roll_copy)
+    assert str(info.value) == (f"{roll_copy}: env type 'webshop' (tag WebShopEnv): not "
+                               "supported: needs the WebShop server and its product data "
+                               "(webshop-minimal)")
 
 
 def test_compose_leaves_the_working_dir_logging_and_a_callers_hydra_alone(tmp_path):
@@ -147,8 +167,7 @@ def test_config_check_prints_the_layout_of_the_roll_file():
     assert "train: 1024 envs, 128 groups of 8, 64 shards" in out.stdout
     assert "val: 1024 envs, 1024 groups of 1, 32 shards" in out.stdout
     assert "  SokobanDifferentGridVocab: groups [512, 768)" in out.stdout
-    warnings = [line for line in out.stderr.splitlines() if "WARNING" in line]
-    assert len(warnings) == 1 and "actor_train" in warnings[0]
+    assert "WARNING" not in out.stderr  # ROLL's trainer keys are set aside quietly
 
 
 def test_config_show_round_trips_to_an_equal_plain_config(tmp_path):
@@ -173,29 +192,39 @@ def test_an_openai_block_takes_pretrain_and_generating_args(roll_copy, caplog):
     mine.write_text("defaults:\n  - agentic_val_sokoban@_here_\n  - _self_\n"
                     "policy:\n  type: openai\n  base_urls: [http://127.0.0.1:8000/v1]\n"
                     "  top_k: 20\n", encoding="utf-8")
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG, logger="schemas"):
         policy = RolloutConfig.from_yaml(mine).policy
     assert policy.type == "openai"
     assert policy.model == "Qwen/Qwen2.5-0.5B-Instruct"  # pretrain
-    assert policy.max_tokens == 64  # max_new_tokens: ${max_tokens_per_step}
-    assert (policy.temperature, policy.top_p) == (0.99, 0.99)
-    assert policy.top_k == 20  # the block's own value wins over generating_args' 100
-    listed = unknown_keys_warning(caplog)
-    assert "pretrain" not in listed and "actor_infer" not in listed
-    assert {"actor_infer.model_args", "actor_infer.generating_args.num_beams"} <= set(listed)
+    sampling = policy.sampling
+    for mode in ("train", "val"):  # actor_infer's block samples both modes, as in ROLL
+        args = sampling.mode(mode)
+        assert args.max_new_tokens == 64  # max_new_tokens: ${max_tokens_per_step}
+        assert (args.temperature, args.top_p) == (0.99, 0.99)
+        assert args.top_k == 20  # the block's own value wins over generating_args' 100
+        assert args.include_stop_str_in_output is True  # ROLL's engines keep stop strings
+    assert sampling.source("val.temperature") == "actor_infer.generating_args.temperature"
+    assert sampling.source("train.top_k") == "policy.top_k"
+    assert sampling.sequence_length == 8192
+    assert sampling.source("sequence_length") == "sequence_length"
+    assert policy.val_temperature == 0.99  # ROLL samples val as the file says, not greedily
+    listed = set_aside_line(caplog)
+    assert "pretrain" not in listed and "actor_infer.generating_args" not in listed
+    assert {"actor_infer.model_args", "actor_infer.generating_args.num_return_sequences"} <= \
+        set(listed)
 
 
 def test_a_bad_value_from_generating_args_is_named_as_written(roll_copy):
-    """The error names the ROLL key the user wrote, not the policy key it filled."""
+    """The error names the ROLL key the user wrote, once, not the policy keys it filled."""
     mine = roll_copy.parent / "bad_llm.yaml"
     mine.write_text("defaults:\n  - agentic_val_sokoban@_here_\n  - _self_\n"
                     "actor_infer:\n  generating_args:\n    max_new_tokens: 0\n"
                     "policy:\n  type: openai\n  base_urls: [http://127.0.0.1:8000/v1]\n",
                     encoding="utf-8")
-    with pytest.raises(ConfigError, match=re.escape(
-            "actor_infer.generating_args.max_new_tokens (policy.max_tokens): Input should be "
-            "greater than 0")):
+    with pytest.raises(ConfigError) as info:
         RolloutConfig.from_yaml(mine)
+    assert str(info.value) == (f"{mine}: actor_infer.generating_args.max_new_tokens: Input "
+                               "should be greater than 0")
 
 
 # -- ROLL's env keys ------------------------------------------------------------------------
@@ -308,3 +337,166 @@ def test_rollstream_up_runs_the_roll_file(redis_url, run):
     assert len(val) == 1 and "trajs  1024" in val[0]
     for tag in ("SimpleSokoban", "LargerSokoban", "SokobanDifferentGridVocab", "FrozenLake"):
         assert f"{tag}=" in val[0]
+
+
+# -- ROLL's env managers and their templates -------------------------------------------------
+STEP_MANAGER = "roll.pipeline.agentic.env_manager.step_env_manager.StepEnvManager"
+CONCAT_MANAGER = "roll.pipeline.agentic.env_manager.step_concat_env_manager.StepConcatEnvManager"
+NATIVE_MANAGER = ("roll.pipeline.agentic.env_manager.agent_native_env_manager."
+                  "AgentNativeStepEnvManager")
+STEP_TEMPLATE = ("## Env Instruction: {env_instruction}\nPrior to this step, you have completed "
+                 "{step_count} steps. The last {history_length} steps: [{history}]\nYou are at "
+                 "step {current_step}: [{current_observation}]\nAt most "
+                 "{max_response_length} tokens.")
+
+
+def lake(**entry):
+    return small_config(custom_envs={"Lake": {"env_type": "frozen_lake", **entry}},
+                        train_env_manager={"tags": ["Lake"]})
+
+
+@pytest.mark.parametrize(
+    ("manager", "template"),
+    [
+        (STEP_MANAGER, STEP_TEMPLATE),
+        (CONCAT_MANAGER, "Observation:\n{history}\n{current_observation}\n\\boxed{{}}"),
+        (None, "{observation}\n{suffix}"),  # TrajEnvManager fills `suffix` too
+        (NATIVE_MANAGER, "agent_template placeholder {anything}"),  # the env gives the prompt
+    ],
+    ids=["step", "step-concat", "traj-suffix", "agent-native"],
+)
+def test_each_env_manager_takes_the_placeholders_rolls_fills(manager, template):
+    entry = {"agent_template": template, "history_length": 5}
+    if manager:
+        entry["env_manager_cls"] = manager
+    spec = lake(**entry).env_spec("Lake")
+    assert spec.agent_template == template and spec.history_length == 5
+    assert spec.manager.name == {STEP_MANAGER: "step", CONCAT_MANAGER: "step_concat",
+                                 NATIVE_MANAGER: "agent_native", None: "traj"}[manager]
+
+
+@pytest.mark.parametrize(
+    ("manager", "template", "unknown"),
+    [
+        (STEP_MANAGER, "{observation} {history}", "['observation']"),  # a traj field
+        (CONCAT_MANAGER, "{env_instruction}\n{history}", "['env_instruction']"),
+        (None, "Turn {turn_idx}: {current_observation}", "['current_observation']"),
+        (None, "{} {observation}", "['{}']"),  # positional: ROLL's format(**fields) fails
+    ],
+)
+def test_a_placeholder_the_manager_does_not_fill_is_refused(manager, template, unknown):
+    entry = {"agent_template": template}
+    if manager:
+        entry["env_manager_cls"] = manager
+    with pytest.raises(ConfigError) as info:
+        lake(**entry)
+    assert f"custom_envs.Lake: agent_template has unknown placeholders {unknown}" in \
+        str(info.value)
+
+
+def test_a_null_system_template_means_no_system_message_and_survives_publishing():
+    """ROLL's step managers send no system message when the template is null (gem_game,
+    gem_rg examples: `agent_system_template: ~`)."""
+    config = lake(agent_system_template=None, env_manager_cls=CONCAT_MANAGER,
+                  agent_template="{history}\n{current_observation}")
+    assert config.env_spec("Lake").agent_system_template is None
+    assert config.env_spec("Lake").agent_prompt.system_template is None
+    published = RolloutConfig.from_json(config.to_json())
+    assert published == config
+    assert lake().env_spec("Lake").agent_system_template  # left out: rollstream's default
+
+
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [
+        ({"env_manager_cls": "my.pkg.Manager"},
+         "env manager 'Manager' (tag Lake): not supported: needs one of ROLL's env managers "
+         "rollstream renders (TrajEnvManager, StepEnvManager, StepConcatEnvManager, "
+         "AgentNativeStepEnvManager)"),
+        ({"tool_wrapper": {"tool_configs": [{"tool_id": "mcp"}]}},
+         "tool 'mcp' (tag Lake): not supported: needs an MCP server"),
+        ({"history_length": 0}, "custom_envs.Lake.history_length"),
+        ({"tool_wrapper": {"tool_configs": []}}, "custom_envs.Lake.tool_wrapper.tool_configs"),
+    ],
+)
+def test_a_tags_manager_and_tools_are_checked(entry, needle):
+    with pytest.raises(ConfigError) as info:
+        lake(**entry)
+    assert needle in str(info.value)
+
+
+def test_a_tool_the_producers_lack_is_accepted_and_said(caplog):
+    with caplog.at_level(logging.WARNING, logger="schemas"):
+        config = lake(tool_wrapper={"wrapper_args": {"max_tool_uses": 1},
+                                    "tool_configs": [{"tool_id": "python_code",
+                                                      "tool_args": {"timeout": 5}}]})
+    assert config.env_spec("Lake").tool_wrapper.tool_configs[0].tool_args == {"timeout": 5}
+    (note,) = config.pending()
+    assert note.startswith("tool 'python_code' (python tool; tag Lake): accepted by the "
+                           "config, not run by producers yet")
+    assert [r.getMessage() for r in caplog.records] == [f"config: {note}"]
+
+
+# -- env managers: ROLL's defaults and the group filter -------------------------------------
+def test_max_env_num_per_worker_zero_or_left_out_puts_every_env_in_one_shard():
+    """ROLL's EnvManagerConfig: max_env_num_per_worker <= 0 means all envs in one worker."""
+    for manager in ({"max_env_num_per_worker": 0}, {"max_env_num_per_worker": None}):
+        data = {"train_env_manager": {"num_env_groups": 4, "group_size": 4,
+                                      "tags": ["FrozenLake"], **manager}}
+        if manager["max_env_num_per_worker"] is None:
+            del data["train_env_manager"]["max_env_num_per_worker"]
+        train = RolloutConfig.from_dict(data).train_env_manager
+        assert (train.max_env_num_per_worker, train.num_shards) == (16, 1)
+
+
+def test_the_group_filter_takes_rolls_names():
+    config = small_config(train_env_manager={
+        "group_filter_cls": "my_filters.DropEasy",
+        "group_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": 0.01}}})
+    train = config.train_env_manager
+    assert train.group_filter_cls == "my_filters.DropEasy"
+    assert train.group_filter_config.active
+    assert train.group_filter_config.filter_args.std_threshold == 0.01
+    assert RolloutConfig.from_json(config.to_json()) == config
+    # ROLL's default class keeps every group: no filter
+    roll_default = "roll.pipeline.agentic.agentic_pipeline.GroupFilter"
+    plain = small_config(train_env_manager={"group_filter_cls": roll_default})
+    assert plain.train_env_manager.group_filter_cls is None
+    assert not plain.train_env_manager.group_filter_config.active
+
+
+@pytest.mark.parametrize(
+    ("manager", "needle"),
+    [
+        ({"group_filter_cls": "not a path"}, "is not an import path"),
+        ({"group_filter_cls": "roll.pipeline.agentic.env_manager.agent_native_env_manager."
+                               "GroupFilter"}, "is ROLL's own class"),
+        ({"group_filter_config": {"type": "mean_filter"}}, "group_filter_config.type"),
+        ({"group_filter_config": {"type": "std_filter", "filter_args": {"std": 1}}},
+         "group_filter_config.filter_args.std"),
+        ({"group_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": -1}}},
+         "std_threshold"),
+    ],
+)
+def test_a_bad_group_filter_is_refused_naming_the_field(manager, needle):
+    with pytest.raises(ConfigError) as info:
+        small_config(train_env_manager=manager)
+    assert f"train_env_manager.{needle}" in str(info.value) or needle in str(info.value)
+
+
+def test_a_variable_the_file_interpolates_is_set_aside_an_unused_one_refused(roll_copy):
+    """ROLL files keep values in top-level variables (`max_actions_per_traj: 10` ...
+    `${max_actions_per_traj}`): one the file refers to is known; one nothing refers to and
+    ROLL does not define is an unknown key like any other."""
+    from schemas.roll import referenced_keys
+
+    assert referenced_keys({"a": "${x.y}", "b": ["${oc.env:HOME}", "${.sib} ${z}"],
+                            "c": {"d": "${w[0]}"}}) == {"x", "z", "w"}
+    mine = roll_copy.parent / "vars.yaml"
+    mine.write_text("defaults:\n  - agentic_val_sokoban@_here_\n  - _self_\n"
+                    "my_seed: 7\nseed: ${my_seed}\n", encoding="utf-8")
+    assert RolloutConfig.from_yaml(mine).seed == 7
+    mine.write_text("defaults:\n  - agentic_val_sokoban@_here_\n  - _self_\n"
+                    "my_sed: 7\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"vars.yaml: unknown config key my_sed$"):
+        RolloutConfig.from_yaml(mine)
