@@ -281,7 +281,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GEN}::test_require_version_holds_turns_until_a_server_catches_up",),
     ),
     Mutant(
-        "pool-min-version", "producers/llm/pool.py",
+        "pool-min-version", "producers/llm/servers.py",
         "and (min_version is None or (s.version or 0) >= min_version)]",
         "]",
         "the pool picks only servers holding the version a turn requires",
@@ -429,7 +429,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GEN}::test_heal_asks_what_each_server_holds",),
     ),
     Mutant(
-        "pool-retries-on-a-new-record", "producers/llm/pool.py",
+        "pool-retries-on-a-new-record", "producers/llm/servers.py",
         "                if server.down:  # set aside for weights it lacked: try what it holds now",
         "                if False:",
         "a set-aside server is tried at once when its record changes",
@@ -662,15 +662,15 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "pool-sets-aside-hung-server", "producers/llm/pool.py",
-        "            self._mark_down(server, exc)  # hung: set aside, one request probes it "
-        "later\n",
+        "            self._servers.mark_down(server, exc)  # hung: set aside, one request "
+        "probes it later\n",
         "            pass\n",
         "a server that hung past the timeout is set aside, not tried first by every turn",
         ("tests/test_llm_pool.py::test_a_hung_server_is_set_aside_so_later_turns_do_not_wait_on_"
          "it",),
     ),
     Mutant(
-        "pool-unrecorded-launch-weights", "producers/llm/pool.py",
+        "pool-unrecorded-launch-weights", "producers/llm/servers.py",
         "        return self._run_loads and server.version is None\n",
         "        return False\n",
         "a server with launch weights and no record, where others have loaded ones, is not "
@@ -679,7 +679,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "aside_not_mislabelled",),
     ),
     Mutant(
-        "pool-reason-is-current", "producers/llm/pool.py",
+        "pool-reason-is-current", "producers/llm/servers.py",
         "        server.down_reason = str(exc)  # why now: the record may have moved on since\n",
         "",
         "a set-aside server's reason is its last failure's, not its first's",
@@ -880,7 +880,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "out",),
     ),
     Mutant(
-        "pool-probes-hung-with-health-check", "producers/llm/pool.py",
+        "pool-probes-hung-with-health-check", "producers/llm/servers.py",
         "            ready = [s for s in ready if not s.hung]\n",
         "            ready = [s for s in ready if True]\n",
         "a server down for a timeout is checked with GET /models, not with a turn",
