@@ -23,14 +23,16 @@ import signal
 import socket
 import time
 import uuid
-from typing import Any
 
+from producers.commit import Committer
+from producers.control import ControlState, ControlWatcher
 from producers.lifetime import Lifetime
 from producers.metrics import Held, ProducerStats
 from producers.policies import Policy, PolicyContext, make_policy, start_policy
 from producers.serving import Serving
 from producers.stall import LoopWatch, stall_threshold_s
 from producers.startup import Startup
+from producers.weights import WeightsFollower
 from schemas.config import RolloutConfig
 from schemas.errors import ConfigError, PolicyError, RedisSetupError, WorkerFailure
 from schemas.keys import Keys
@@ -101,21 +103,21 @@ class Producer:
         committer = self.committer
         return committer.committed if committer is not None else 0
 
-    # what serves the run, once it does (None before): read by tests, status and /metrics
+    # the parts serving the run (`producers.serving`), once it is served (None before)
     @property
-    def state(self) -> Any:
+    def state(self) -> ControlState | None:
         return self._serving.state if self._serving is not None else None
 
     @property
-    def watcher(self) -> Any:
+    def watcher(self) -> ControlWatcher | None:
         return self._serving.watcher if self._serving is not None else None
 
     @property
-    def committer(self) -> Any:
+    def committer(self) -> Committer | None:
         return self._serving.committer if self._serving is not None else None
 
     @property
-    def weights(self) -> Any:
+    def weights(self) -> WeightsFollower | None:
         return self._serving.weights if self._serving is not None else None
 
     @property
