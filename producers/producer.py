@@ -86,6 +86,7 @@ class Producer:
         self._policy_override = policy
         self.policy: Policy | None = None  # the run's policy, once its config is read
         self.config: RolloutConfig | None = None
+        self._startup: Startup | None = None  # the steps before serving, once running
         self._serving: Serving | None = None  # the parts serving the run, once started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -182,7 +183,7 @@ class Producer:
             self._install_signals()
         deadline = None if self.seconds is None else time.monotonic() + self.seconds
         life = Lifetime(self._stop, deadline)
-        startup = Startup(self.redis_url, self.keys, self.producer_id, life)
+        startup = self._startup = Startup(self.redis_url, self.keys, self.producer_id, life)
         try:
             redis = await startup.connect()
             if redis is None:
@@ -190,7 +191,7 @@ class Producer:
             try:
                 config = await startup.wait_config(redis)
                 if config is not None:
-                    await self._serve(redis, config, startup)
+                    await self._serve(redis, config)
             finally:
                 await redis.aclose()
         finally:
@@ -217,7 +218,9 @@ class Producer:
         logger.info("producer %s: %s, stopping", self.producer_id, signal.Signals(sig).name)
         self._stop.set()
 
-    async def _serve(self, redis: AsyncClient, config: RolloutConfig, startup: Startup) -> None:
+    async def _serve(self, redis: AsyncClient, config: RolloutConfig) -> None:
+        startup = self._startup
+        assert startup is not None
         self.config = config
         policy = self.policy = self._policy_override or make_policy(config.policy)
         started = await startup.unless_stopped(start_policy(  # PolicyError: exit 1, one line
