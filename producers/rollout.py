@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from producers.control import ControlState
-from producers.policies import Policy, StepContext, Turn
+from producers.policies.protocol import Policy, StepContext, Turn
 from schemas.codec import SCHEMA_VERSION, traj_ids
 from schemas.errors import ContextFull, EpisodeFailed, PolicyError, TurnAborted
 from schemas.seeding import episode_seed

@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from producers.control import ControlState
-from producers.policies import one_line
+from producers.policies.protocol import one_line
 from producers.rollout import in_daemon_thread
 from schemas.backoff import Backoff
 from schemas.errors import PolicyError

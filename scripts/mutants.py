@@ -142,14 +142,14 @@ MUTANTS: tuple[Mutant, ...] = (
          "tests/test_rollout.py::test_two_batchers_split_the_groups"),
     ),
     Mutant(
-        "producer-retry-count", "producers/producer.py",
+        "producer-retry-count", "producers/shard_runner.py",
         "attempts = self.config.env_max_retries + 1",
         "attempts = self.config.env_max_retries + 2",
         "an episode whose env raises is retried env_max_retries times, no more",
         ("tests/test_rollout.py::test_failing_env_drops_its_group_and_counts_it",),
     ),
     Mutant(
-        "producer-retry-seed", "producers/producer.py",
+        "producer-retry-seed", "producers/shard_runner.py",
         "play_episode(\n                    slot, seed=self.config.seed,",
         "play_episode(\n                    slot, seed=self.config.seed + attempt + 1,",
         "a retried episode is reset with the same seed",
@@ -222,7 +222,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_weights.py::test_sync_steps_wait_for_the_weights_of_the_current_version",),
     ),
     Mutant(
-        "producer-4xx-no-retry", "producers/producer.py",
+        "producer-4xx-no-retry", "producers/shard_runner.py",
         "                                      f\"failed: {error}\")\n                break\n",
         "                                      f\"failed: {error}\")\n",
         "an episode failed by a model server's 4xx is not retried (no retry storm)",
@@ -251,7 +251,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GEN}::test_in_flight_takes_back_only_its_own_cancellation",),
     ),
     Mutant(
-        "producer-interrupt-expiry", "producers/producer.py",
+        "producer-interrupt-expiry", "producers/shard_runner.py",
         '"must_stop": lambda: self._verdict(run, slot, slot.k) is not True,',
         '"must_stop": lambda: bool(self.state.paused),',
         "an episode expiring mid-request has its request closed, not only a pause",
@@ -281,7 +281,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GEN}::test_require_version_holds_turns_until_a_server_catches_up",),
     ),
     Mutant(
-        "pool-min-version", "producers/llm/pool.py",
+        "pool-min-version", "producers/llm/servers.py",
         "and (min_version is None or (s.version or 0) >= min_version)]",
         "]",
         "the pool picks only servers holding the version a turn requires",
@@ -429,7 +429,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GEN}::test_heal_asks_what_each_server_holds",),
     ),
     Mutant(
-        "pool-retries-on-a-new-record", "producers/llm/pool.py",
+        "pool-retries-on-a-new-record", "producers/llm/servers.py",
         "                if server.down:  # set aside for weights it lacked: try what it holds now",
         "                if False:",
         "a set-aside server is tried at once when its record changes",
@@ -474,7 +474,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{DEPLOY}::test_two_runs_on_two_nodes_through_one_node_url",),
     ),
     Mutant(
-        "producer-background-check", "producers/producer.py",
+        "producer-background-check", "producers/lease_loop.py",
         "            self._check_background(background)\n",
         "            pass  # (mutant) a dead control loop goes unnoticed\n",
         "a producer whose control poll or committer died exits 1 instead of running blind",
@@ -495,7 +495,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_watch.py::test_status_json_of_a_live_run_and_of_a_killed_producer",),
     ),
     Mutant(
-        "claim-yields-to-heartbeat", "producers/producer.py",
+        "claim-yields-to-heartbeat", "producers/lease_loop.py",
         "            if wanted <= 0 or self._stopping or time.monotonic() > until:",
         "            if wanted <= 0 or self._stopping:",
         "a claim pass longer than a third of the lease ttl yields to the heartbeat",
@@ -509,21 +509,21 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_control.py::test_waiters_wake_in_chunks_with_other_work_between_and_none_is_lost",),
     ),
     Mutant(
-        "control-sync-wake-chunk", "producers/producer.py",
+        "control-sync-wake-chunk", "producers/serving.py",
         "ControlState(SYNC_WAKE_CHUNK if config.is_sync else WAKE_CHUNK)",
         "ControlState(WAKE_CHUNK)",
         "a sync producer wakes its envs in the smaller chunks of its mode",
         ("tests/test_control.py::test_a_producer_wakes_its_envs_in_the_chunks_of_its_mode",),
     ),
     Mutant(
-        "producer-stop-while-starting", "producers/producer.py",
+        "producer-stop-while-starting", "producers/startup.py",
         "        task = asyncio.ensure_future(step)\n",
         "        await step\n        return True\n        task = asyncio.ensure_future(step)\n",
         "a stop while the policy starts (model servers not answering) ends the producer",
         ("tests/test_llm_policy.py::test_sigterm_while_waiting_for_model_servers_exits_0",),
     ),
     Mutant(
-        "producer-lets-trajectory-go", "producers/producer.py",
+        "producer-lets-trajectory-go", "producers/shard_runner.py",
         '                data = b""\n',
         "                pass\n",
         "an env's loop lets its committed trajectory's bytes go before the next episode "
@@ -531,7 +531,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_a_committed_trajectory_is_let_go_while_the_env_plays_on",),
     ),
     Mutant(
-        "producer-commits-bytes-only", "producers/producer.py",
+        "producer-commits-bytes-only", "producers/shard_runner.py",
         "                traj = None\n                while True:",
         "                pass\n                while True:",
         "a commit waits with the encoded bytes only, the trajectory's objects already let go",
@@ -662,15 +662,15 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "pool-sets-aside-hung-server", "producers/llm/pool.py",
-        "            self._mark_down(server, exc)  # hung: set aside, one request probes it "
-        "later\n",
+        "            self._servers.mark_down(server, exc)  # hung: set aside, one request "
+        "probes it later\n",
         "            pass\n",
         "a server that hung past the timeout is set aside, not tried first by every turn",
         ("tests/test_llm_pool.py::test_a_hung_server_is_set_aside_so_later_turns_do_not_wait_on_"
          "it",),
     ),
     Mutant(
-        "pool-unrecorded-launch-weights", "producers/llm/pool.py",
+        "pool-unrecorded-launch-weights", "producers/llm/servers.py",
         "        return self._run_loads and server.version is None\n",
         "        return False\n",
         "a server with launch weights and no record, where others have loaded ones, is not "
@@ -679,7 +679,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "aside_not_mislabelled",),
     ),
     Mutant(
-        "pool-reason-is-current", "producers/llm/pool.py",
+        "pool-reason-is-current", "producers/llm/servers.py",
         "        server.down_reason = str(exc)  # why now: the record may have moved on since\n",
         "",
         "a set-aside server's reason is its last failure's, not its first's",
@@ -786,7 +786,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "be_stopped",),
     ),
     Mutant(
-        "lease-lost-said-once-a-shard", "producers/producer.py",
+        "lease-lost-said-once-a-shard", "producers/shard_runner.py",
         "                        if run.lease_lost == 1:",
         "                        if True:",
         "a shard's lost lease is logged once, not by each of its envs' fenced commits",
@@ -904,7 +904,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "out",),
     ),
     Mutant(
-        "pool-probes-hung-with-health-check", "producers/llm/pool.py",
+        "pool-probes-hung-with-health-check", "producers/llm/servers.py",
         "            ready = [s for s in ready if not s.hung]\n",
         "            ready = [s for s in ready if True]\n",
         "a server down for a timeout is checked with GET /models, not with a turn",

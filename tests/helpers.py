@@ -295,7 +295,7 @@ def stream_lengths(r: Any, keys: Keys, config: RolloutConfig, mode: str = "train
 def record_acknowledged(monkeypatch: Any) -> list[str]:
     """Patch the producers of this process so every commit they are told is in (COMMITTED or
     DUPLICATE: acknowledged) appends its traj_id to the returned list."""
-    from producers import producer as producer_module
+    from producers import serving as serving_module
     from producers.commit import Committer, Outcome
 
     told: list[str] = []
@@ -313,7 +313,7 @@ def record_acknowledged(monkeypatch: Any) -> list[str]:
             future.add_done_callback(note)
             return future
 
-    monkeypatch.setattr(producer_module, "Committer", RecordingCommitter)
+    monkeypatch.setattr(serving_module, "Committer", RecordingCommitter)
     return told
 
 

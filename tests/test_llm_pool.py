@@ -328,7 +328,7 @@ def test_a_set_aside_server_is_tried_at_once_when_its_record_changes() -> None:
       "type": "BadRequestError", "code": 400}, False),
 ])
 def test_context_overflow_is_read_from_every_servers_wording(body: dict, overflow: bool):
-    from producers.llm.pool import is_context_overflow
+    from producers.llm.replies import is_context_overflow
 
     assert is_context_overflow(400, json.dumps(body).encode()) is overflow
     assert is_context_overflow(500, json.dumps(body).encode()) is False

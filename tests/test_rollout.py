@@ -33,7 +33,7 @@ from helpers import (
 )
 
 import producers.commit
-import producers.producer
+import producers.shard_runner
 from consumer import Batcher
 from producers.leases import Leases, fair_share
 from producers.policies import StepContext
@@ -932,14 +932,14 @@ def test_a_committed_trajectory_is_let_go_while_the_env_plays_on(r, run, produce
     second episode held in flight by its policy, from the referrers of the committed dict."""
     committed: list[dict[str, Any]] = []
     encoded: list[bytes] = []
-    encode = producers.producer.encode_trajectory
+    encode = producers.shard_runner.encode_trajectory
 
     def spy(traj: dict[str, Any]) -> bytes:
         committed.append(traj)
         encoded.append(encode(traj))
         return encoded[-1]
 
-    monkeypatch.setattr(producers.producer, "encode_trajectory", spy)
+    monkeypatch.setattr(producers.shard_runner, "encode_trajectory", spy)
     config = small_config(
         rollout_batch_size=1, async_generation_ratio=1,  # episode 1 is admitted at version 0
         train_env_manager={"max_env_num_per_worker": 1, "num_env_groups": 1, "group_size": 1},
@@ -960,8 +960,8 @@ def test_a_trajectory_waits_for_its_commit_as_bytes_only(r, run, producer_thread
     encoded dict while its commit is pending."""
     committed: list[dict[str, Any]] = []
     submitted = threading.Event()
-    encode = producers.producer.encode_trajectory
-    monkeypatch.setattr(producers.producer, "encode_trajectory",
+    encode = producers.shard_runner.encode_trajectory
+    monkeypatch.setattr(producers.shard_runner, "encode_trajectory",
                         lambda traj: committed.append(traj) or encode(traj))
 
     def never_answered(self: Any, *args: Any) -> asyncio.Future[Any]:

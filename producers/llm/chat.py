@@ -14,7 +14,7 @@ from typing import Any, cast
 import numpy as np
 import orjson
 
-from producers.policies import StepContext, Turn
+from producers.policies.protocol import StepContext, Turn
 from schemas.envspec import AgentPrompt
 from schemas.policy import reported_weight_version
 

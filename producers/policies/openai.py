@@ -39,7 +39,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from producers import metrics
-from producers.policies import PolicyContext, StepContext, Turn
+from producers.policies.protocol import PolicyContext, StepContext, Turn
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
 from schemas.errors import PolicyError, TurnAborted
 from schemas.policy import OpenAIPolicyConfig, ServerRecord, read_server_record

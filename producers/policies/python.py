@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from producers.policies import Policy, one_line
+from producers.policies.protocol import Policy, one_line
 from schemas.errors import PolicyError
 from schemas.policy import PythonPolicyConfig
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from gymnasium import spaces
 
-from producers.policies import StepContext
+from producers.policies.protocol import StepContext
 
 
 class RandomPolicy:
