@@ -1,40 +1,30 @@
-"""The Batcher's counters and its `/metrics` page.
+"""What a Batcher shows: its `/metrics` page and its state record (`rollstream status`).
 
-Counted per batch (delivered trajectories by tag, batch wait, commit-to-delivery latency with
-one numpy call for the whole batch) and per drop, in plain numbers; turned into Prometheus
-families only when scraped. What lives in Redis (stream backlog and pending entries, the
-pause reasons, live producers) is read at scrape time, one pipeline, on the scraping thread.
+Both read a `BatcherState` (consumer/state.py), never the Batcher: counted per batch
+(delivered trajectories by tag, batch wait, commit-to-delivery latency) and per drop, in
+plain numbers, turned into Prometheus families only when scraped. What lives in Redis (stream
+backlog and pending entries, the pause reasons, live producers) is read at scrape time, one
+pipeline, on the scraping thread. The state record is the batcher's line in
+`{RUN}:batchers`: waiting (for what, how long), handed, timed_out or closed.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, defaultdict
 from collections.abc import Iterator
-from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import redis as redis_lib
 
-from schemas.keys import CONSUMER_GROUP
+from consumer.state import BatcherState, ModeState
+from schemas.keys import CONSUMER_GROUP, Keys
 from schemas.liveness import live_producers
-from schemas.stats import (
-    LATENCY_BUCKETS_S,
-    WAIT_BUCKETS_S,
-    BatcherRecord,
-    Family,
-    Histogram,
-    counter,
-    gauge,
-    histogram,
-)
-
-if TYPE_CHECKING:
-    from consumer.batcher import Batcher
+from schemas.stats import STATS_KEEP_S, BatcherRecord, Family, counter, gauge, histogram
 
 logger = logging.getLogger(__name__)
+
+STATE_EVERY_S = 1.0  # a waiting get_batch refreshes its state record this often
 
 # Batcher counter name -> the `reason` label of rollstream_trajectories_dropped_total
 DROP_REASONS = {
@@ -46,36 +36,7 @@ DROP_REASONS = {
 FAILED_GROUPS = "scheduler/failed_groups"
 
 
-class BatcherStats:
-    """Counters of one Batcher, per mode."""
-
-    def __init__(self) -> None:
-        self.delivered: dict[tuple[str, str], int] = defaultdict(int)  # (mode, tag)
-        self.counts: dict[tuple[str, str], float] = defaultdict(float)  # (mode, counter name)
-        self.wait: dict[str, Histogram] = defaultdict(lambda: Histogram(WAIT_BUCKETS_S))
-        self.latency: dict[str, Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
-        self.waiting: dict[str, bool] = {}  # mode -> inside get_batch now
-        self.batches = 0
-        self.trajectories = 0
-
-    def on_batch(self, mode: str, trajs: list[dict[str, Any]], wait_s: float) -> None:
-        """A batch was handed out: count it by tag, its wait, and each trajectory's time from
-        commit (`finished_at`, the producer's clock) to now."""
-        now = time.time()
-        delivered = self.delivered
-        for tag, count in Counter(map(itemgetter("tag"), trajs)).items():
-            delivered[(mode, tag)] += count
-        finished = np.array([traj.get("finished_at", now) for traj in trajs], dtype=np.float64)
-        self.wait[mode].observe(wait_s)
-        self.latency[mode].observe_many(np.maximum(0.0, now - finished))
-        self.batches += 1
-        self.trajectories += len(trajs)
-
-    def count(self, mode: str, name: str, amount: float) -> None:
-        self.counts[(mode, name)] += amount
-
-
-def batcher_record(batcher: Batcher, mode: str, state: str, waited_s: float, wanted: int,
+def batcher_record(batcher: BatcherState, mode: str, state: str, waited_s: float, wanted: int,
                    complete: int, partial: int, ttl_s: float) -> BatcherRecord:
     stats = batcher.stats
     return BatcherRecord(
@@ -86,7 +47,61 @@ def batcher_record(batcher: Batcher, mode: str, state: str, waited_s: float, wan
     )
 
 
-def batcher_families(batcher: Batcher) -> Iterator[Family]:
+class StateRecord:
+    """Writes the batcher's state record: while `get_batch` waits (at most every
+    `STATE_EVERY_S`), when it is over, and when the Batcher closes."""
+
+    def __init__(self, batcher: BatcherState, redis: Any, keys: Keys, block_ms: int):
+        self._batcher = batcher
+        self._redis = redis
+        self._keys = keys
+        self._block_ms = block_ms
+        self._written_at = 0.0  # monotonic time the record was last written while waiting
+
+    def soon(self) -> None:
+        """A get_batch starts: its first wait writes the record at once."""
+        self._written_at = 0.0
+
+    def waiting(self, state: ModeState, wanted: int, started: float) -> None:
+        """While get_batch waits: what for and how long, at most every `STATE_EVERY_S`."""
+        now = time.monotonic()
+        if now - self._written_at < STATE_EVERY_S:
+            return
+        self._written_at = now
+        ready = state.ready_count
+        record = batcher_record(self._batcher, state.mode, "waiting", now - started, wanted,
+                                ready, len(state.groups) - ready,
+                                ttl_s=self._block_ms / 1000 + 10)
+        self._write(record.encode())
+
+    def done(self, state: ModeState, outcome: str, waited_s: float) -> None:
+        """get_batch is over: `handed` out a batch or `timed_out` (best effort: this record
+        must not change what get_batch returns or raises)."""
+        ready = state.ready_count
+        record = batcher_record(self._batcher, state.mode, outcome, waited_s, 0, ready,
+                                len(state.groups) - ready, ttl_s=STATS_KEEP_S)
+        try:
+            self._write(record.encode())
+        except redis_lib.RedisError as exc:
+            logger.debug("could not write the batcher's state record: %s", exc)
+
+    def closed(self) -> None:
+        """The Batcher closed (best effort; status shows it closed)."""
+        record = batcher_record(self._batcher, "train", "closed", 0.0, 0, 0, 0,
+                                ttl_s=STATS_KEEP_S)
+        try:
+            self._write(record.encode())
+        except redis_lib.RedisError as exc:
+            logger.debug("could not write the batcher's closing record: %s", exc)
+
+    def _write(self, data: bytes) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hset(self._keys.batchers, self._batcher.consumer, data)
+        pipe.pexpire(self._keys.batchers, int(STATS_KEEP_S * 1000))
+        pipe.execute()
+
+
+def batcher_families(batcher: BatcherState, redis: Any, keys: Keys) -> Iterator[Family]:
     """Everything `/metrics` shows for a Batcher (called on the scraping thread)."""
     stats = batcher.stats
     counts = list(stats.counts.items())
@@ -113,24 +128,23 @@ def batcher_families(batcher: Batcher) -> Iterator[Family]:
     yield gauge("rollstream_groups_held",
                 "Groups the batcher holds in memory, complete or partial", ["mode", "state"],
                 _groups_held(batcher))
-    yield from _redis_families(batcher)
+    yield from _redis_families(batcher, redis, keys)
 
 
-def _groups_held(batcher: Batcher) -> list[tuple[tuple[str, str], float]]:
+def _groups_held(batcher: BatcherState) -> list[tuple[tuple[str, str], float]]:
     out: list[tuple[tuple[str, str], float]] = []
-    for mode, state in list(batcher._states.items()):
+    for mode, state in list(batcher.modes.items()):
         slots = list(state.groups.values())
         complete = sum(1 for slot in slots if len(slot.members) >= state.group_size)
         out += [((mode, "complete"), complete), ((mode, "partial"), len(slots) - complete)]
     return out
 
 
-def _redis_families(batcher: Batcher) -> Iterator[Family]:
+def _redis_families(batcher: BatcherState, redis: Any, keys: Keys) -> Iterator[Family]:
     """Backlog and pending entries of the batcher's streams, the pause, live producers."""
-    keys = batcher.keys
-    modes = list(batcher._states.items())
+    modes = list(batcher.modes.items())
     try:
-        pipe = batcher.redis.pipeline(transaction=False)
+        pipe = redis.pipeline(transaction=False)
         for _, state in modes:
             for stream in state.streams:
                 pipe.xlen(stream)
@@ -138,7 +152,7 @@ def _redis_families(batcher: Batcher) -> Iterator[Family]:
         pipe.smembers(keys.pause)
         pipe.xlen(keys.dead)
         replies = pipe.execute(raise_on_error=False)
-        live = len(live_producers(batcher.redis, keys))
+        live = len(live_producers(redis, keys))
     except redis_lib.RedisError as exc:
         logger.warning("metrics: cannot read the run's state from Redis: %s", exc)
         return

@@ -89,44 +89,42 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GUARDS}::test_a_commit_resent_after_a_lost_reply_is_in_the_stream_once",),
     ),
     Mutant(
-        "batcher-is-stale", "consumer/batcher.py",
-        "return schedule.expired(k, self.version) or self.version - version_start > "
-        "schedule.ratio",
+        "batcher-is-stale", "consumer/assembly.py",
+        "return schedule.expired(k, version) or version - version_start > schedule.ratio",
         "return False",
-        "Batcher._is_stale: a trajectory that arrives expired or too stale is dropped",
+        "Assembly._is_stale: a trajectory that arrives expired or too stale is dropped",
         (f"{GUARDS}::test_the_batcher_drops_trajectories_that_arrive_already_stale",),
     ),
     Mutant(
-        "batcher-staleness-bound", "consumer/batcher.py",
-        "return schedule.expired(k, self.version) or self.version - version_start > "
-        "schedule.ratio",
-        "return schedule.expired(k, self.version)",
-        "Batcher._is_stale's bound on version_start (staleness <= ratio at hand-out)",
+        "batcher-staleness-bound", "consumer/assembly.py",
+        "return schedule.expired(k, version) or version - version_start > schedule.ratio",
+        "return schedule.expired(k, version)",
+        "Assembly._is_stale's bound on version_start (staleness <= ratio at hand-out)",
         (f"{GUARDS}::test_the_batcher_drops_trajectories_that_arrive_already_stale",),
     ),
     Mutant(
-        "batcher-oldest-first", "consumer/batcher.py",
+        "batcher-oldest-first", "consumer/assembly.py",
         "heapq.heappush(state.ready, (0 if slot.priority else 1, k, order, key))",
         "heapq.heappush(state.ready, (0 if slot.priority else 1, order, k, key))",
         "complete groups are handed out oldest episode first (not in arrival order)",
         (f"{GUARDS}::test_groups_completing_out_of_order_are_delivered_oldest_episode_first",),
     ),
     Mutant(
-        "batcher-inflight-priority", "consumer/batcher.py",
+        "batcher-inflight-priority", "consumer/assembly.py",
         "slot.priority = slot.priority or priority",
         "slot.priority = False",
         "a restarted Batcher hands out the batch recorded in flight before anything else",
         (f"{GUARDS}::test_a_restarted_batcher_hands_out_its_batch_in_flight_first",),
     ),
     Mutant(
-        "batcher-group-complete", "consumer/batcher.py",
+        "batcher-group-complete", "consumer/assembly.py",
         "if len(slot.members) == state.group_size:",
         "if len(slot.members) == state.group_size - 1:",
         "a group is handed out only when all group_size members are there (off by one)",
         (f"{GUARDS}::test_a_group_completed_over_several_reads_is_delivered_only_when_whole",),
     ),
     Mutant(
-        "batcher-member-dedup", "consumer/batcher.py",
+        "batcher-member-dedup", "consumer/assembly.py",
         'if len(slot.members) >= state.group_size or msg["member"] in slot.members:',
         "if len(slot.members) >= state.group_size:",
         "a member's second copy is dropped (acked and deleted), not left pending forever",
@@ -134,7 +132,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "deleted",),
     ),
     Mutant(
-        "batcher-sync-pause", "consumer/batcher.py",
+        "batcher-sync-pause", "consumer/handout.py",
         "    redis.call('SADD', KEYS[3], 'sync')",
         "    -- (mutant) no sync pause",
         "sync mode: handing out a train batch sets the sync pause (once every batcher has one)",
@@ -156,15 +154,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_failing_env_drops_its_group_and_counts_it",),
     ),
     Mutant(
-        "batcher-read-before-hand-out", "consumer/batcher.py",
-        "self._read(state, block_ms=None)",
+        "batcher-read-before-hand-out", "consumer/waiting.py",
+        "assembly.read(state, block_ms=None)",
         "pass  # (mutant) no read before a hand-out from held groups",
         "oldest-first also across groups completed in Redis since the last read",
         (f"{GUARDS}::test_an_older_group_completed_in_redis_goes_before_a_newer_one_already_"
          "held",),
     ),
     Mutant(
-        "batcher-hand-out-undo", "consumer/batcher.py",
+        "batcher-hand-out-undo", "consumer/handout.py",
         "for item, _ in chosen:  # nothing handed out: the groups stay ready\n"
         "                    heapq.heappush(state.ready, item)",
         "pass  # (mutant) a failed hand-out loses its groups",
@@ -172,14 +170,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{OPS}::test_a_sync_batch_survives_a_connection_lost_at_hand_out",),
     ),
     Mutant(
-        "batcher-sync-all-batchers", "consumer/batcher.py",
+        "batcher-sync-all-batchers", "consumer/handout.py",
         "if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[4]) then",
         "if true then",
         "several sync batchers pause the producers only once every one has its batch",
         (f"{OPS}::test_two_sync_batchers_do_not_deadlock_when_one_finishes_first",),
     ),
     Mutant(
-        "publish-retry-noop", "consumer/batcher.py",
+        "publish-retry-noop", "consumer/publishing.py",
         "if cur == v then return {0, cur} end",
         "-- (mutant) publishing v again is not a no-op",
         "publish_version(v) again (a retry after a lost reply) changes nothing",
@@ -187,14 +185,14 @@ MUTANTS: tuple[Mutant, ...] = (
          f"{OPS}::test_publish_version_retried_after_a_lost_reply_moves_one_version"),
     ),
     Mutant(
-        "publish-no-gap", "consumer/batcher.py",
+        "publish-no-gap", "consumer/publishing.py",
         "if cur ~= v - 1 then return {-1, cur} end",
         "-- (mutant) versions may skip",
         "publish_version refuses a version that does not follow the run's",
         (f"{OPS}::test_publish_version_is_a_compare_and_set",),
     ),
     Mutant(
-        "run-conflict", "consumer/batcher.py",
+        "run-conflict", "consumer/publishing.py",
         "        if conflicts:\n",
         "        if False:\n",
         "a reused run name with another layout, seed, ratio or batch size is refused",
@@ -340,7 +338,7 @@ MUTANTS: tuple[Mutant, ...] = (
          f"{GEN}::test_heal_asks_what_each_server_holds"),
     ),
     Mutant(
-        "batcher-claims-only-the-dead", "consumer/batcher.py",
+        "batcher-claims-only-the-dead", "consumer/liveness.py",
         "            elif word is not None:  # alive\n",
         "            elif False:\n",
         "a batcher claims pending entries only from a batcher whose liveness key expired",
@@ -350,7 +348,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_a_batcher_whose_key_lapsed_in_an_outage_keeps_its_batch"),
     ),
     Mutant(
-        "batcher-closed-is-gone", "consumer/batcher.py",
+        "batcher-closed-is-gone", "consumer/liveness.py",
         "            if word == CLOSED:\n",
         "            if False:\n",
         "a batcher that closed gives its unacked batch up at once, without a ttl of grace",
@@ -358,15 +356,15 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_a_closed_batchers_pending_entries_are_claimed_at_once",),
     ),
     Mutant(
-        "batcher-claim-grace", "consumer/batcher.py",
-        "            elif now - self._suspects.setdefault((state.mode, name), now) >= grace:",
-        "            elif now - self._suspects.setdefault((state.mode, name), now) >= 0:",
+        "batcher-claim-grace", "consumer/liveness.py",
+        "            elif now - self.suspects.setdefault((state.mode, name), now) >= grace:",
+        "            elif now - self.suspects.setdefault((state.mode, name), now) >= 0:",
         "a liveness key missing at one look is not enough to claim: a whole ttl of looking",
         ("tests/test_rollout.py::"
          "test_a_batcher_whose_key_lapsed_in_an_outage_keeps_its_batch",),
     ),
     Mutant(
-        "batcher-heartbeat", "consumer/batcher.py",
+        "batcher-heartbeat", "consumer/liveness.py",
         "        self._beats.start()\n",
         "        pass\n",
         "the liveness key is refreshed while the trainer trains between calls",
@@ -381,8 +379,8 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_the_heartbeat_outlives_whatever_a_beat_raises",),
     ),
     Mutant(
-        "batcher-sees-nothing-more-can-come", "consumer/batcher.py",
-        "                if self._nothing_more(state):",
+        "batcher-sees-nothing-more-can-come", "consumer/waiting.py",
+        "                if assembly.nothing_more(state):",
         "                if False:",
         "a batcher whose envs committed every admitted episode hands out what it holds, or "
         "says StepExhausted, at once",
@@ -392,7 +390,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_async_steps_taken_without_a_publish_end_in_step_exhausted"),
     ),
     Mutant(
-        "batcher-nothing-more-counts-streams", "consumer/batcher.py",
+        "batcher-nothing-more-counts-streams", "consumer/assembly.py",
         "        return sum(lengths) <= len(state.held) + len(state.handed)",
         "        return True",
         "entries in the streams that another consumer holds can still come: not exhausted",
@@ -400,7 +398,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_a_sync_batch_held_by_a_killed_batcher_goes_to_another_consumer",),
     ),
     Mutant(
-        "batcher-rank-awaits-publish", "consumer/batcher.py",
+        "batcher-rank-awaits-publish", "consumer/assembly.py",
         "        return deliverable <= 0 and self.count > 1",
         "        return False",
         "with several batchers, one with nothing left waits for another's publish",
@@ -452,7 +450,7 @@ MUTANTS: tuple[Mutant, ...] = (
          f"{CONN}::test_a_resend_answered_duplicate_waits_for_replicas_too"),
     ),
     Mutant(
-        "batcher-waits-for-replicas", "consumer/batcher.py",
+        "batcher-waits-for-replicas", "consumer/writes.py",
         "short = (self._replicas.shortfall(sent_to, replies) if self._replicas.enabled\n"
         "                         else None)",
         "short = None  # (mutant) acks and version publishes ignore the WAIT",
@@ -538,7 +536,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_a_trajectory_waits_for_its_commit_as_bytes_only",),
     ),
     Mutant(
-        "batcher-reads-after-unblocked", "consumer/batcher.py",
+        "batcher-reads-after-unblocked", "consumer/waiting.py",
         'str(exc).startswith("UNBLOCKED")',
         "False",
         "a read that Redis 7 ends with UNBLOCKED (the slot migrated, the stream deleted) is "
@@ -568,8 +566,8 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_user_edges.py::test_up_ends_once_every_producer_has_exited",),
     ),
     Mutant(
-        "batcher-sync-short-batch", "consumer/batcher.py",
-        "        return min(wanted, self._most_groups(state) - done)\n",
+        "batcher-sync-short-batch", "consumer/assembly.py",
+        "        return min(wanted, self.most_groups(state) - done)\n",
         "        return wanted\n",
         "a sync step whose group was dropped (a member failed) is handed out without it, "
         "not waited for forever",
@@ -577,7 +575,7 @@ MUTANTS: tuple[Mutant, ...] = (
          f"{OPS}::test_get_batch_with_no_time_to_wait_looks_once"),
     ),
     Mutant(
-        "batcher-hand-out-waits-for-replicas", "consumer/batcher.py",
+        "batcher-hand-out-waits-for-replicas", "consumer/handout.py",
         "        if not self._replicas.enabled:\n            self._record_hand_out(",
         "        if True:\n            self._record_hand_out(",
         "with min_replicas a batch is handed out only once replicas hold its trajectories",
@@ -599,9 +597,9 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_cli_admin.py::test_train_whose_every_group_fails_ends_at_its_timeout",),
     ),
     Mutant(
-        "publish-restores-lost-run", "consumer/batcher.py",
-        "        if code == -2 or (code == -1 and int(current) < self.version):\n",
-        "        if code == -1 and int(current) < self.version:\n",
+        "publish-restores-lost-run", "consumer/publishing.py",
+        "        if code == -2 or (code == -1 and int(current) < self._shared.version):\n",
+        "        if code == -1 and int(current) < self._shared.version:\n",
         "a publish after Redis lost the run's keys puts them back (not VersionConflict)",
         ("tests/test_redis_crash.py::"
          "test_redis_losing_all_data_heals_without_doubles[before publish]",),
@@ -646,8 +644,8 @@ MUTANTS: tuple[Mutant, ...] = (
          "blocks_it",),
     ),
     Mutant(
-        "batcher-val-round-short", "consumer/batcher.py",
-        "            return min(wanted, self._most_groups(state) - dropped)\n",
+        "batcher-val-round-short", "consumer/assembly.py",
+        "            return min(wanted, self.most_groups(state) - dropped)\n",
         "            return wanted\n",
         "a val round whose group was dropped is handed out without it, not waited on",
         ("tests/test_rollout.py::test_a_val_round_whose_group_failed_is_handed_out_without_it",),
@@ -762,7 +760,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_repeats.py::test_an_env_that_always_raises_is_not_a_line_per_episode",),
     ),
     Mutant(
-        "batcher-refuses-a-live-namesake", "consumer/batcher.py",
+        "batcher-refuses-a-live-namesake", "consumer/liveness.py",
         "        self._take_name()\n",
         "        self._redis.set(self._key, self._token, px=self._ttl_ms)\n",
         "a second live batcher of one name is refused, not handed the first one's batch",
@@ -770,8 +768,8 @@ MUTANTS: tuple[Mutant, ...] = (
          "handed_the_batch",),
     ),
     Mutant(
-        "batcher-puts-the-version-back", "consumer/batcher.py",
-        "        if raw is not None and int(raw) < self.version and self._owns_config:\n",
+        "batcher-puts-the-version-back", "consumer/publishing.py",
+        "        if raw is not None and int(raw) < self._shared.version and self._owns_config:\n",
         "        if False:\n",
         "a Redis back from an older snapshot does not take a live trainer's run back in time",
         ("tests/test_redis_crash.py::test_redis_back_from_an_older_snapshot_does_not_take_the_"
@@ -793,7 +791,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_metrics.py::test_a_commit_fenced_by_a_lost_lease_is_counted_refused",),
     ),
     Mutant(
-        "batcher-fenced-once-its-name-is-taken", "consumer/batcher.py",
+        "batcher-fenced-once-its-name-is-taken", "consumer/liveness.py",
         "        if self.lost:\n            raise BatcherConflict(\n",
         "        if False:\n            raise BatcherConflict(\n",
         "a batcher frozen past its ttl whose name another took publishes nothing",
@@ -808,7 +806,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_cli_admin.py::test_train_whose_every_group_fails_ends_at_its_timeout",),
     ),
     Mutant(
-        "batcher-frozen-waiter-reads-nothing", "consumer/batcher.py",
+        "batcher-frozen-waiter-reads-nothing", "consumer/assembly.py",
         "        self._alive.guard()  # not into the name's pending entries once another "
         "holds it\n",
         "",
@@ -817,21 +815,21 @@ MUTANTS: tuple[Mutant, ...] = (
          "another_took_its_name",),
     ),
     Mutant(
-        "name-check-rides-out-redis-away", "consumer/batcher.py",
+        "name-check-rides-out-redis-away", "consumer/liveness.py",
         "            except REDIS_ERRORS:  # Redis away: the write that follows retries",
         "            except ZeroDivisionError:  # Redis away: the write that follows retries",
         "ack and publish_version ride out a short Redis outage (the name check does not end them)",
         ("tests/test_redis_crash.py::test_ack_and_publish_ride_out_a_redis_restart",),
     ),
     Mutant(
-        "held-group-weights-fell-behind", "consumer/batcher.py",
+        "held-group-weights-fell-behind", "consumer/assembly.py",
         "                 or slot.oldest_start < oldest]",
         "                 ]",
         "a held group whose weights fell more than ratio behind is not handed out",
         ("tests/test_weights.py::test_a_held_group_whose_weights_fell_behind_is_not_handed_out",),
     ),
     Mutant(
-        "namesake-refused-before-the-pause-lifts", "consumer/batcher.py",
+        "namesake-refused-before-the-pause-lifts", "consumer/waiting.py",
         "        self._alive.start()  # the name first: a namesake refused lifts no pause of the "
         "other's\n",
         "",
@@ -865,7 +863,7 @@ MUTANTS: tuple[Mutant, ...] = (
          "once",),
     ),
     Mutant(
-        "batcher-sees-the-stop", "consumer/batcher.py",
+        "batcher-sees-the-stop", "consumer/waiting.py",
         "        if self.redis.exists(self.keys.stop):\n",
         "        if False:\n",
         "a get_batch waiting on a stopped run raises RunStopped instead of timing out",

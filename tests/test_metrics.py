@@ -375,7 +375,8 @@ def served_names(r, run) -> set[str]:
     producer_metrics.llm_error("http://x", "timeout")
     stats = ProducerStats("p")
     names = {f.name for f in stats.families()}
-    names |= {f.name for f in batcher_families(Batcher(r, small_config(), run=run))}
+    batcher = Batcher(r, small_config(), run=run)
+    names |= {f.name for f in batcher_families(batcher._shared, batcher.redis, batcher.keys)}
     return names | {"process_resident_memory_bytes", "process_cpu_seconds"}
 
 

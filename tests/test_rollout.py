@@ -308,12 +308,12 @@ def test_a_batcher_whose_key_lapsed_in_an_outage_keeps_its_batch(
         thread = threading.Thread(target=keep_asking)
         thread.start()
         try:
-            wait_for(lambda: suspect in new._suspects, what="a look that finds no key")
+            wait_for(lambda: suspect in new._claims.suspects, what="a look that finds no key")
             proxy.release()
             wait_for(lambda: r.exists(alive), what="the held beat to land")
             landed = time.monotonic()
             wait_for(lambda: any(ids & first for ids in handed) or (
-                new._last_claim > landed and suspect not in new._suspects),
+                new._claims.last_claim > landed and suspect not in new._claims.suspects),
                 what="a look that finds the key again")
         finally:
             done.set()
@@ -611,7 +611,7 @@ def test_a_rank_that_does_not_publish_waits_for_the_one_that_does(r, run, produc
         rank1.ack(rank1.get_batch("train", timeout_s=20))
     asked = time.monotonic()
     ahead, result = get_batch_in_thread(rank1, timeout_s=30)
-    state = rank1._states["train"]
+    state = rank1._shared.modes["train"]
     wait_for(lambda: result or state.looked_at >= asked, what="rank 1 to look at its envs")
     wait_for(lambda: result or blocked_in_xreadgroup(r), what="rank 1 waiting in a read")
     assert not result, result  # no StepExhausted: it looked, and waits for the publish

@@ -1,0 +1,136 @@
+"""What a Batcher holds in memory, shared by its parts.
+
+Per mode, a `ModeState`: the `GroupSlot`s being filled, the heap of complete ones, what was
+handed out and not acked. For the whole Batcher, a `BatcherState`: the version it knows, its
+modes, and its counters (`BatcherStats` for `/metrics`, `totals` since it started). Assembly
+and hand-out change them; the `/metrics` page and the state record only read them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+
+from consumer.batch import Entry
+from schemas.config import RolloutConfig
+from schemas.keys import Keys
+from schemas.protocol import Schedule
+from schemas.stats import LATENCY_BUCKETS_S, WAIT_BUCKETS_S, Histogram
+
+GroupKey = tuple[int, int, int]  # (val round, episode k, group id)
+
+
+@dataclass
+class GroupSlot:
+    """The members of one (round, episode, group) seen so far."""
+
+    key: GroupKey
+    seq: int
+    members: dict[int, tuple[Entry, dict[str, Any]]] = field(default_factory=dict)
+    failed: list[Entry] = field(default_factory=list)
+    priority: bool = False  # part of a batch handed out before a restart: deliver first
+    ready: bool = False  # complete, in its mode's ready heap
+    oldest_start: int = 2**62  # the oldest `version_start` among its members
+
+    def entries(self) -> list[Entry]:
+        return [entry for entry, _ in self.members.values()] + self.failed
+
+
+@dataclass
+class ModeState:
+    """Everything the batcher holds for one mode."""
+
+    mode: str
+    schedule: Schedule
+    streams: list[str]
+    group_size: int
+    members: int
+    groups: dict[GroupKey, GroupSlot] = field(default_factory=dict)
+    ready: list[tuple[int, int, int, GroupKey]] = field(default_factory=list)
+    ready_count: int = 0  # groups in `ready` still held (the heap keeps evicted ones lazily)
+    finished: dict[int, set[tuple[int, int]]] = field(default_factory=lambda: defaultdict(set))
+    counters: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    recovered: bool = False
+    rotate: int = 0
+    round: int = 0
+    round_started: bool = False  # this get_batch("val") call has started its round
+    seq: int = 0
+    held: set[Entry] = field(default_factory=set)  # entries sorted into groups in memory
+    handed: set[Entry] = field(default_factory=set)  # entries handed out, not yet acked
+    env_ids: list[int] = field(default_factory=list)  # the envs of the groups read here
+    looked_at: float = 0.0  # monotonic time of the last look at whether more can come
+
+    def finish(self, slot: GroupSlot) -> None:
+        """The group was handed out or dropped: it leaves the held groups (and the count of
+        ready ones), and a later copy of its episode is late."""
+        rnd, k, g = slot.key
+        if self.groups.pop(slot.key, None) is not None and slot.ready:
+            self.ready_count -= 1
+        self.finished[g].add((rnd, k))
+        self.held.difference_update(slot.entries())
+
+
+def new_mode_state(config: RolloutConfig, keys: Keys, mode: str, index: int,
+                   count: int) -> ModeState:
+    """The empty state of `mode` for batcher `index` of `count` (groups `g % count == index`)."""
+    manager = config.manager(mode)
+    streams = [keys.stream(mode, g) for g in range(manager.num_env_groups)
+               if g % count == index]
+    schedule = Schedule(config.episodes_per_step(mode), config.ratio)
+    members = manager.members
+    env_ids = [g * members + m for g in range(manager.num_env_groups)
+               if g % count == index for m in range(members)]
+    return ModeState(mode, schedule, streams, manager.group_size, members, env_ids=env_ids)
+
+
+class BatcherStats:
+    """Counters of one Batcher, per mode."""
+
+    def __init__(self) -> None:
+        self.delivered: dict[tuple[str, str], int] = defaultdict(int)  # (mode, tag)
+        self.counts: dict[tuple[str, str], float] = defaultdict(float)  # (mode, counter name)
+        self.wait: dict[str, Histogram] = defaultdict(lambda: Histogram(WAIT_BUCKETS_S))
+        self.latency: dict[str, Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
+        self.waiting: dict[str, bool] = {}  # mode -> inside get_batch now
+        self.batches = 0
+        self.trajectories = 0
+
+    def on_batch(self, mode: str, trajs: list[dict[str, Any]], wait_s: float) -> None:
+        """A batch was handed out: count it by tag, its wait, and each trajectory's time from
+        commit (`finished_at`, the producer's clock) to now."""
+        now = time.time()
+        delivered = self.delivered
+        for tag, count in Counter(map(itemgetter("tag"), trajs)).items():
+            delivered[(mode, tag)] += count
+        finished = np.array([traj.get("finished_at", now) for traj in trajs], dtype=np.float64)
+        self.wait[mode].observe(wait_s)
+        self.latency[mode].observe_many(np.maximum(0.0, now - finished))
+        self.batches += 1
+        self.trajectories += len(trajs)
+
+    def count(self, mode: str, name: str, amount: float) -> None:
+        self.counts[(mode, name)] += amount
+
+
+@dataclass
+class BatcherState:
+    """What one Batcher knows and counts: the policy version it last saw, its modes, and its
+    counters. Its parts share this one object; `/metrics` and the state record read it."""
+
+    consumer: str
+    modes: dict[str, ModeState]
+    version: int = 0
+    totals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    stats: BatcherStats = field(default_factory=BatcherStats)
+
+    def count(self, state: ModeState, name: str, amount: float = 1) -> None:
+        """A drop or a failed group: reported with the mode's next batch, in `totals` and on
+        `/metrics`."""
+        state.counters[name] += amount  # reported with the next batch
+        self.totals[name] += amount  # since this Batcher started
+        self.stats.count(state.mode, name, amount)
