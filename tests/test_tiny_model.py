@@ -3,27 +3,19 @@ renders them, the GGUF carries the same vocabulary, and a seed gives the same by
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from real_servers import load_tiny_model_script
+from real_servers import render_chat_template as render
 
 tokenizers = pytest.importorskip("tokenizers")
 gguf = pytest.importorskip("gguf")
 jinja2 = pytest.importorskip("jinja2")
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def _script():
-    spec = importlib.util.spec_from_file_location("tiny_model", ROOT / "scripts/tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tiny_model = _script()
+tiny_model = load_tiny_model_script()
 
 
 @pytest.fixture(scope="module")
@@ -31,17 +23,6 @@ def model_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny")
     tiny_model.generate(out, seed=0)
     return out
-
-
-def render(config_dir: Path, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """Render a chat template the way transformers does (sandboxed, trim/lstrip blocks)."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    config = json.loads((config_dir / "tokenizer_config.json").read_text())
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    template = env.from_string(config["chat_template"])
-    return template.render(messages=messages, add_generation_prompt=add_generation_prompt)
 
 
 def test_files_and_manifest(model_dir: Path) -> None:
