@@ -108,7 +108,8 @@ cmake --build "$work/build" --target llama-server -j "$jobs" >"$work/build.log" 
 end=$(date +%s)
 # CPU seconds of the compile (children of this shell): wall time on an idle machine with
 # $jobs cores is about their sum / $jobs
-cpu=$(times | tail -1)
+times >"$work/times"   # not in $(...): a subshell has no children of its own
+cpu=$(tail -1 "$work/times")
 
 rm -rf "$out/bin"
 mkdir -p "$out/bin"
