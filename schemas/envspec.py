@@ -111,37 +111,35 @@ class EnvSpec(BaseModel):
         return self
 
 
-# The seed's tags. Sokoban vocab keys: wall, empty, target, box_on_target, box, player,
-# player_on_target. FrozenLake's `p` is the probability that a random cell is frozen.
+# The seed's tags, as ROLL's examples/config/traj_envs.yaml (at 8eb27cc2) defines them: 10
+# actions, answers in <answer> tags, format penalties -0.15 (Sokoban) and -0.01 (FrozenLake);
+# every other setting is the env's default, which is ROLL's
+# (SimpleSokoban's search_depth 300, FrozenLake's 4x4 map with p=0.8). The vocab variant's
+# grid_lookup is keyed by cell kind, in the order of ROLL's integer codes 0-6 that its YAML
+# uses (both work; kinds survive the published config's JSON unchanged).
+# ROLL's tags also set max_tokens_per_step 128, which ROLL applies as a cap (the smaller of it
+# and generating_args.max_new_tokens); a tag's max_tokens_per_step here replaces the policy's
+# max_tokens, so the seed tags leave it to the policy.
+ANSWER_PATTERN = "<answer>(.*?)</answer>"
+SEED_MAX_STEPS = 10
+
+
+def _seed_tag(env_id: str, env_config: dict[str, Any]) -> dict[str, Any]:
+    return {"env_id": env_id, "max_steps": SEED_MAX_STEPS,
+            "env_config": {"action_pattern": ANSWER_PATTERN, "max_steps": SEED_MAX_STEPS,
+                           **env_config}}
+
+
 DEFAULT_CUSTOM_ENVS: dict[str, dict[str, Any]] = {
-    "SimpleSokoban": {
-        "env_id": SOKOBAN_ID,
-        "env_config": {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 300, "max_steps": 10},
-    },
-    "LargerSokoban": {
-        "env_id": SOKOBAN_ID,
-        "env_config": {"dim_room": [10, 10], "num_boxes": 2, "search_depth": 10, "max_steps": 10},
-    },
-    "SokobanDifferentGridVocab": {
-        "env_id": SOKOBAN_ID,
-        "env_config": {
-            "dim_room": [6, 6],
-            "num_boxes": 1,
-            "search_depth": 30,
-            "max_steps": 10,
-            "grid_lookup": {
-                "wall": "W",
-                "empty": ".",
-                "target": "G",
-                "box_on_target": "C",
-                "box": "B",
-                "player": "A",
-                "player_on_target": "@",
-            },
-        },
-    },
-    "FrozenLake": {
-        "env_id": FROZENLAKE_ID,
-        "env_config": {"size": 4, "p": 0.8, "is_slippery": False, "max_steps": 10},
-    },
+    "SimpleSokoban": _seed_tag(SOKOBAN_ID, {
+        "format_penalty": -0.15, "dim_room": [6, 6], "num_boxes": 1}),
+    "LargerSokoban": _seed_tag(SOKOBAN_ID, {
+        "format_penalty": -0.15, "dim_room": [10, 10], "num_boxes": 2, "search_depth": 10}),
+    "SokobanDifferentGridVocab": _seed_tag(SOKOBAN_ID, {
+        "format_penalty": -0.15, "search_depth": 30, "dim_room": [6, 6], "num_boxes": 1,
+        "grid_lookup": {"wall": "W", "empty": ".", "target": "G", "box_on_target": "C",
+                        "box": "B", "player": "A", "player_on_target": "@"},
+        "grid_vocab": {"W": "wall", ".": "empty", "G": "target", "C": "box on target",
+                       "B": "box", "A": "player", "@": "player on target"}}),
+    "FrozenLake": _seed_tag(FROZENLAKE_ID, {"format_penalty": -0.01, "is_slippery": False}),
 }

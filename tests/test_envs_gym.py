@@ -28,7 +28,7 @@ def test_registration_is_idempotent() -> None:
 @pytest.mark.parametrize("env_id", [SOKOBAN_ID, FROZENLAKE_ID])
 def test_gymnasium_make_builds_our_envs(env_id: str) -> None:
     env = gym.make(env_id, render_mode="ansi")
-    text, _ = env.reset(seed=0)
+    text, _ = env.reset(seed=3)  # a seed whose room comes quickly with Sokoban's defaults
     assert isinstance(text, str) and text == env.render()
     assert env.action_space == gym.spaces.Discrete(4)
 
