@@ -23,20 +23,26 @@ ENV_TYPE_IDS: dict[str, str] = {
 }
 
 
-# An LLM agent's prompt per tag (ROLL's keys): the system message is the system template, a
-# newline and the env's instruction; each turn's user message is the agent template filled
-# with these fields.
+# An LLM agent's prompt per tag (ROLL's keys), placed as ROLL's TrajEnvManager places it:
+# the system message is the system template alone; the first user message is the env's
+# instruction, a newline and the agent template filled with these fields; later user
+# messages are the filled template. Envs that build their own chat (sokoban_native_env, as
+# ROLL's native envs) leave both templates unused.
 AGENT_TEMPLATE_FIELDS = ("turn_idx", "observation", "actions_left", "max_response_length")
+# The templates of ROLL's examples/config/traj_envs.yaml (at 8eb27cc2), word for word: what
+# the seed tags use there.
 DEFAULT_AGENT_SYSTEM_TEMPLATE = (
-    "You are an agent playing a grid game, and you aim for the highest total reward.")
+    "You're a helpful assistant. You are a good game player. You are aiming to get high "
+    "reward in the game.")
 DEFAULT_AGENT_TEMPLATE = (
     "Turn {turn_idx}:\n"
-    "State:\n"
+    "Observation:\n"
     "{observation}\n"
-    "You have {actions_left} actions left. Think briefly in <think> </think>, then give one "
-    "action as <answer> [your action] </answer>, nothing after it. Keep the reply under "
-    "{max_response_length} tokens.\n"
-    "Your next action:"
+    "Strictly follow this format:\n"
+    "1. output format is '<answer> [your answer] </answer>' with no extra text. \n"
+    "2. You have {actions_left} actions left. \n"
+    "3. Max response length: {max_response_length} words (tokens).\n"
+    "Decide the next action:\n"
 )
 
 
@@ -69,8 +75,8 @@ class EnvSpec(BaseModel):
     )
     agent_system_template: str = Field(
         default=DEFAULT_AGENT_SYSTEM_TEMPLATE,
-        description="system message of an LLM agent, followed by a newline and the env's "
-        "instruction")
+        description="system message of an LLM agent (the env's instruction opens the first "
+        "user message)")
     agent_template: str = Field(
         default=DEFAULT_AGENT_TEMPLATE,
         description="each turn's user message; placeholders: " + ", ".join(
