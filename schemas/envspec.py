@@ -14,12 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 
 SOKOBAN_ID = "rollstream/Sokoban-v0"
 FROZENLAKE_ID = "rollstream/FrozenLake-v0"
+SOKOBAN_NATIVE_ID = "rollstream/SokobanNative-v0"
 
 # ROLL's `env_type` names for our own envs; any other env is given by its gymnasium id.
 ENV_TYPE_IDS: dict[str, str] = {
     "sokoban": SOKOBAN_ID,
     "frozen_lake": FROZENLAKE_ID,
     "frozenlake": FROZENLAKE_ID,
+    "sokoban_native_env": SOKOBAN_NATIVE_ID,
 }
 
 
@@ -62,7 +64,8 @@ class EnvSpec(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     env_id: str = Field(default="", description="registered gymnasium id, e.g. CartPole-v1")
-    env_type: str | None = Field(default=None, description="ROLL alias: sokoban, frozen_lake")
+    env_type: str | None = Field(
+        default=None, description="ROLL alias: sokoban, frozen_lake, sokoban_native_env")
     env_config: dict[str, Any] = Field(default_factory=dict, description="kwargs for make()")
     max_steps: PositiveInt | None = Field(
         default=None, description="the tag's step budget (ROLL's custom_envs.TAG.max_steps): "
@@ -108,7 +111,8 @@ class EnvSpec(BaseModel):
     def _resolve_id(self) -> EnvSpec:
         if not self.env_id:
             if self.env_type is None:
-                raise ValueError("needs env_id (a gymnasium id) or env_type (sokoban, frozen_lake)")
+                raise ValueError("needs env_id (a gymnasium id) or env_type (sokoban, "
+                                 "frozen_lake, sokoban_native_env)")
             key = self.env_type.lower()
             if key not in ENV_TYPE_IDS:
                 known = ", ".join(sorted(ENV_TYPE_IDS))
