@@ -58,16 +58,18 @@ def generate_lake(
     Maps are drawn until one has a path; all draws come from `rng`, so the map is a function
     of the generator's state.
     """
+    cells = size * size
     for _ in range(MAX_MAP_ATTEMPTS):
-        frozen = rng.random((size, size)) < p
-        start_row, start_col = (int(n) for n in rng.integers(size, size=2))
-        goal_row, goal_col = (int(n) for n in rng.integers(size, size=2))
+        # one draw per attempt (a numpy call costs more than the map): a uniform number per
+        # cell (frozen below p), then four for the start's and the goal's row and column
+        draws = rng.random(cells + 4).tolist()
+        start_row, start_col, goal_row, goal_col = (int(u * size) for u in draws[cells:])
         if (start_row, start_col) == (goal_row, goal_col):
             continue
-        tiles = [[FROZEN if cell else HOLE for cell in row] for row in frozen.tolist()]
-        tiles[start_row][start_col] = FROZEN
-        tiles[goal_row][goal_col] = GOAL
-        rows = tuple("".join(row) for row in tiles)
+        tiles = [FROZEN if u < p else HOLE for u in draws[:cells]]
+        tiles[start_row * size + start_col] = FROZEN
+        tiles[goal_row * size + goal_col] = GOAL
+        rows = tuple("".join(tiles[row * size:(row + 1) * size]) for row in range(size))
         if has_path(rows, (start_row, start_col)):
             return rows, (start_row, start_col)
     raise RuntimeError(f"no FrozenLake map with a path after {MAX_MAP_ATTEMPTS} draws (p={p})")
