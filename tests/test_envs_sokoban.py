@@ -174,12 +174,12 @@ def solution_length(grid: Grid) -> int | None:
 
 
 @functools.cache
-def rooms(tag: str, seeds: int) -> tuple[tuple[str, Grid, int | None], ...]:
-    """(text, grid, shortest solution length) of the tag's rooms for seeds 0..seeds-1,
-    generated and solved once for all the tests that look at them."""
+def rooms(tag: str, seeds: int, first: int = 0) -> tuple[tuple[str, Grid, int | None], ...]:
+    """(text, grid, shortest solution length) of the tag's rooms for `seeds` seeds from
+    `first`, generated and solved once for all the tests that look at them."""
     env = make_tag(tag)
     out = []
-    for seed in range(seeds):
+    for seed in range(first, first + seeds):
         text, _ = env.reset(seed=seed)
         grid = parse_grid(text, vocab_of(tag))
         out.append((text, grid, solution_length(grid)))
@@ -417,3 +417,23 @@ def test_generation_failure_retries_reproducibly() -> None:
 def test_bad_settings_raise(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         SokobanEnv(**kwargs)
+
+
+def print_figures(seeds: int, first: int) -> None:
+    """The distribution figures the tests check, for any seed range (see __main__)."""
+    for tag in SOKOBAN_TAGS:
+        found = rooms(tag, seeds, first)
+        lengths = np.array([99 if length is None else length for _, _, length in found])
+        floor = np.mean([grid.rows * grid.cols - len(grid.walls) for _, grid, _ in found])
+        on_target = np.mean([bool(grid.boxes & grid.targets) for _, grid, _ in found])
+        print(f"{tag}: seeds {first}-{first + seeds - 1}: optimal solution "
+              f"{lengths.mean():.2f} moves on average ({lengths.min()} to {lengths.max()}), "
+              f"one move {np.mean(lengths == 1):.1%}, within 10 {np.mean(lengths <= 10):.1%}; "
+              f"floor cells {floor:.1f}; a box on a target at start {on_target:.0%}")
+
+
+if __name__ == "__main__":  # python tests/test_envs_sokoban.py [SEEDS [FIRST]]
+    import sys
+
+    print_figures(int(sys.argv[1]) if len(sys.argv) > 1 else 300,
+                  int(sys.argv[2]) if len(sys.argv) > 2 else 0)
