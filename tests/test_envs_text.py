@@ -61,6 +61,8 @@ def test_special_token_list_from_env_config() -> None:
     env = make_tag("SimpleSokoban", special_token_list=["<eos>"]).unwrapped
     assert env.parse_action("<answer>Up<eos></answer>") == 0
     assert env.parse_action("<answer>Up<|im_end|></answer>") is None  # only the ones given
+    with pytest.raises(ValueError, match="special_token_list must be a list of non-empty"):
+        make_tag("SimpleSokoban", special_token_list=[""])  # "" would do nothing, silently
 
 
 def test_parse_answer_refuses_non_text() -> None:

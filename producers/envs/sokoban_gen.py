@@ -34,6 +34,7 @@ cell never leaves the grid.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -174,8 +175,8 @@ def reverse_play(
     explored.add(box_code(targets, 0) * size + player)
     # a frame: player, boxes, moved (bit i: box i was pulled), box code, swaps, last pulled
     # box, displacement, boxes on targets, ttl, next action
-    stack = [[player, tuple(targets), 0, box_code(targets, 0), 0, -1, 0, len(targets),
-              root_ttl, 0]]
+    stack: list[list[Any]] = [[player, tuple(targets), 0, box_code(targets, 0), 0, -1, 0,
+                               len(targets), root_ttl, 0]]
     while stack:
         frame = stack[-1]
         action = frame[9]
