@@ -16,8 +16,10 @@ import numpy as np
 
 from schemas.codec import pack, unpack
 
-# FrozenLake's default symbols (producers/envs/frozenlake.py) and its action order.
+# FrozenLake's default symbols (producers/envs/frozenlake.py) and its action order. The start
+# and the goal are anywhere on the map (ROLL's FrozenLake), so both are read off the grid.
 PLAYER, HOLE, GOAL = "P", "O", "G"
+PLAYER_IN_HOLE, PLAYER_ON_GOAL = "X", "√"
 MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))  # (row, col) offsets of Left, Down, Right, Up
 FEATURES = (
     "off_grid",  # the move would leave the grid: the player stays put
@@ -32,17 +34,18 @@ FEATURES = (
 
 
 def parse_grid(observation: str) -> tuple[list[str], tuple[int, int], tuple[int, int]]:
-    """The grid rows, the player's cell and the goal's cell (the last cell when the player
-    stands on it)."""
+    """The grid rows, the player's cell and the goal's cell (the player's cell when the
+    player stands on the goal)."""
     rows = observation.split("\n")
-    player = goal = (len(rows) - 1, len(rows[-1]) - 1)
+    player = goal = None
     for r, row in enumerate(rows):
-        c = row.find(PLAYER)
-        if c >= 0:
-            player = (r, c)
-        c = row.find(GOAL)
-        if c >= 0:
-            goal = (r, c)
+        for c, cell in enumerate(row):
+            if cell in (PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL):
+                player = (r, c)
+            if cell in (GOAL, PLAYER_ON_GOAL):
+                goal = (r, c)
+    if player is None or goal is None:
+        raise ValueError(f"not a FrozenLake grid with the default symbols:\n{observation}")
     return rows, player, goal
 
 

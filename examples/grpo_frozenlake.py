@@ -1,7 +1,8 @@
 """GRPO on FrozenLake, learning through the stream.
 
-Producers play FrozenLake (a random 4x4 map per episode seed, not slippery, 10 steps) with
-the numpy softmax policy of `frozenlake_policy.py`; this trainer takes complete groups from
+Producers play ROLL's FrozenLake (a random 4x4 map per episode seed with the start and the
+goal anywhere on it, not slippery, 10 steps) with the numpy softmax policy of
+`frozenlake_policy.py`; this trainer takes complete groups from
 the Batcher, computes GRPO advantages per `traj_group_id` (reward minus the group mean, over
 the group std), takes a policy-gradient step and publishes the new weights as the next
 version. The producers fetch them from Redis and act with them.

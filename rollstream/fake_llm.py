@@ -12,8 +12,10 @@ runtime LoRA adapters (`POST /v1/load_lora_adapter`, `/v1/unload_lora_adapter`; 
 names an adapter as its `model`). While weights load (`load_time_s`), requests in flight end
 with `finish_reason: "abort"` and new ones wait (or are aborted too).
 
-The "model" is scripted: it reads the game, its symbols and actions from the system message
-(the env's instruction) and the grid from the last user message, and plays a good move with
+The "model" is scripted: it reads the game, its symbols and actions from the env's
+instruction (in ROLL's layout, wherever the prompt puts it: the first user message, or the
+system message of an env that builds its own chat) and the grid from the last user message,
+and plays a good move with
 probability `p_good` (FrozenLake: a shortest-path step to the goal around the holes; Sokoban:
 a move that does not walk into a wall or push a box into one), else a random action or a
 malformed reply (no answer tag). Temperature 0 always plays the good move. The choice is
@@ -63,8 +65,10 @@ SPECIAL_IDS = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
 VOCAB_SIZE = 32_000
 _PIECES = re.compile(r"<\|[a-z_]+\|>|\w+|\s+|[^\w\s]")
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
-_SYMBOLS = re.compile(r"(\S) = ([a-z][a-z ]*)")
-_ACTIONS = re.compile(r"Actions: ([A-Za-z]+(?:, [A-Za-z]+)+)")
+# the instruction's symbols and actions, under ROLL's heading lines (its envs' get_instructions)
+_SYMBOLS_LINE = re.compile(r"The meaning of each symbol in the state is:\n(.*)")
+_SYMBOLS = re.compile(r"(\S): ([a-z][a-z ]*)")
+_ACTIONS = re.compile(r"Your available actions are:\n([A-Za-z]+(?:, [A-Za-z]+)+)")
 _MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 _WORDS = ("the", "goal", "is", "near", "so", "I", "move", "carefully", "avoid", "the", "hole",
           "box", "wall", "step", "path", "next", "left", "down", "then", "check")
@@ -124,17 +128,22 @@ class Board:
 
 
 def read_board(messages: list[dict[str, Any]]) -> Board:
-    system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"),
-                  "")
+    """The game as the conversation shows it: the instruction from the system message and
+    the first user message, the grid from the last user message."""
+    first_user = next((m for m in messages if m.get("role") == "user"), None)
+    instruction = "\n".join(str(m.get("content") or "") for m in messages
+                            if m.get("role") == "system" or m is first_user)
     user = next((str(m.get("content") or "") for m in reversed(messages)
                  if m.get("role") == "user"), "")
-    lowered = system.lower()
-    game = "frozenlake" if "frozen lake" in lowered else "sokoban" if "sokoban" in lowered else ""
+    lowered = instruction.lower()
+    game = ("frozenlake" if "frozenlake" in lowered or "frozen lake" in lowered
+            else "sokoban" if "sokoban" in lowered else "")
     symbols: dict[str, str] = {}
-    for line in system.splitlines():
-        if line.startswith("Grid symbols:"):
-            symbols = {name.strip(): sym for sym, name in _SYMBOLS.findall(line[13:])}
-    found = _ACTIONS.search(system)
+    line = _SYMBOLS_LINE.search(instruction)
+    if line:
+        symbols = {name.strip().replace(" ", "_"): sym
+                   for sym, name in _SYMBOLS.findall(line.group(1))}
+    found = _ACTIONS.search(instruction)
     actions = found.group(1).split(", ") if found else ["Up", "Down", "Left", "Right"]
     return Board(game, symbols, actions, _last_grid(user, set(symbols.values())))
 

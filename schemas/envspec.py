@@ -14,29 +14,37 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 
 SOKOBAN_ID = "rollstream/Sokoban-v0"
 FROZENLAKE_ID = "rollstream/FrozenLake-v0"
+SOKOBAN_NATIVE_ID = "rollstream/SokobanNative-v0"
 
 # ROLL's `env_type` names for our own envs; any other env is given by its gymnasium id.
 ENV_TYPE_IDS: dict[str, str] = {
     "sokoban": SOKOBAN_ID,
     "frozen_lake": FROZENLAKE_ID,
     "frozenlake": FROZENLAKE_ID,
+    "sokoban_native_env": SOKOBAN_NATIVE_ID,
 }
 
 
-# An LLM agent's prompt per tag (ROLL's keys): the system message is the system template, a
-# newline and the env's instruction; each turn's user message is the agent template filled
-# with these fields.
+# An LLM agent's prompt per tag (ROLL's keys), placed as ROLL's TrajEnvManager places it:
+# the system message is the system template alone; the first user message is the env's
+# instruction, a newline and the agent template filled with these fields; later user
+# messages are the filled template. Envs that build their own chat (sokoban_native_env, as
+# ROLL's native envs) leave both templates unused.
 AGENT_TEMPLATE_FIELDS = ("turn_idx", "observation", "actions_left", "max_response_length")
+# The templates of ROLL's examples/config/traj_envs.yaml (at 8eb27cc2), word for word: what
+# the seed tags use there.
 DEFAULT_AGENT_SYSTEM_TEMPLATE = (
-    "You are an agent playing a grid game, and you aim for the highest total reward.")
+    "You're a helpful assistant. You are a good game player. You are aiming to get high "
+    "reward in the game.")
 DEFAULT_AGENT_TEMPLATE = (
     "Turn {turn_idx}:\n"
-    "State:\n"
+    "Observation:\n"
     "{observation}\n"
-    "You have {actions_left} actions left. Think briefly in <think> </think>, then give one "
-    "action as <answer> [your action] </answer>, nothing after it. Keep the reply under "
-    "{max_response_length} tokens.\n"
-    "Your next action:"
+    "Strictly follow this format:\n"
+    "1. output format is '<answer> [your answer] </answer>' with no extra text. \n"
+    "2. You have {actions_left} actions left. \n"
+    "3. Max response length: {max_response_length} words (tokens).\n"
+    "Decide the next action:\n"
 )
 
 
@@ -56,7 +64,8 @@ class EnvSpec(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     env_id: str = Field(default="", description="registered gymnasium id, e.g. CartPole-v1")
-    env_type: str | None = Field(default=None, description="ROLL alias: sokoban, frozen_lake")
+    env_type: str | None = Field(
+        default=None, description="ROLL alias: sokoban, frozen_lake, sokoban_native_env")
     env_config: dict[str, Any] = Field(default_factory=dict, description="kwargs for make()")
     max_steps: PositiveInt | None = Field(
         default=None, description="the tag's step budget (ROLL's custom_envs.TAG.max_steps): "
@@ -69,8 +78,8 @@ class EnvSpec(BaseModel):
     )
     agent_system_template: str = Field(
         default=DEFAULT_AGENT_SYSTEM_TEMPLATE,
-        description="system message of an LLM agent, followed by a newline and the env's "
-        "instruction")
+        description="system message of an LLM agent (the env's instruction opens the first "
+        "user message)")
     agent_template: str = Field(
         default=DEFAULT_AGENT_TEMPLATE,
         description="each turn's user message; placeholders: " + ", ".join(
@@ -102,7 +111,8 @@ class EnvSpec(BaseModel):
     def _resolve_id(self) -> EnvSpec:
         if not self.env_id:
             if self.env_type is None:
-                raise ValueError("needs env_id (a gymnasium id) or env_type (sokoban, frozen_lake)")
+                raise ValueError("needs env_id (a gymnasium id) or env_type (sokoban, "
+                                 "frozen_lake, sokoban_native_env)")
             key = self.env_type.lower()
             if key not in ENV_TYPE_IDS:
                 known = ", ".join(sorted(ENV_TYPE_IDS))
@@ -111,37 +121,35 @@ class EnvSpec(BaseModel):
         return self
 
 
-# The seed's tags. Sokoban vocab keys: wall, empty, target, box_on_target, box, player,
-# player_on_target. FrozenLake's `p` is the probability that a random cell is frozen.
+# The seed's tags, as ROLL's examples/config/traj_envs.yaml (at 8eb27cc2) defines them: 10
+# actions, answers in <answer> tags, format penalties -0.15 (Sokoban) and -0.01 (FrozenLake);
+# every other setting is the env's default, which is ROLL's
+# (SimpleSokoban's search_depth 300, FrozenLake's 4x4 map with p=0.8). The vocab variant's
+# grid_lookup is keyed by cell kind, in the order of ROLL's integer codes 0-6 that its YAML
+# uses (both work; kinds survive the published config's JSON unchanged).
+# ROLL's tags also set max_tokens_per_step 128, which ROLL applies as a cap (the smaller of it
+# and generating_args.max_new_tokens); a tag's max_tokens_per_step here replaces the policy's
+# max_tokens, so the seed tags leave it to the policy.
+ANSWER_PATTERN = "<answer>(.*?)</answer>"
+SEED_MAX_STEPS = 10
+
+
+def _seed_tag(env_id: str, env_config: dict[str, Any]) -> dict[str, Any]:
+    return {"env_id": env_id, "max_steps": SEED_MAX_STEPS,
+            "env_config": {"action_pattern": ANSWER_PATTERN, "max_steps": SEED_MAX_STEPS,
+                           **env_config}}
+
+
 DEFAULT_CUSTOM_ENVS: dict[str, dict[str, Any]] = {
-    "SimpleSokoban": {
-        "env_id": SOKOBAN_ID,
-        "env_config": {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 300, "max_steps": 10},
-    },
-    "LargerSokoban": {
-        "env_id": SOKOBAN_ID,
-        "env_config": {"dim_room": [10, 10], "num_boxes": 2, "search_depth": 10, "max_steps": 10},
-    },
-    "SokobanDifferentGridVocab": {
-        "env_id": SOKOBAN_ID,
-        "env_config": {
-            "dim_room": [6, 6],
-            "num_boxes": 1,
-            "search_depth": 30,
-            "max_steps": 10,
-            "grid_lookup": {
-                "wall": "W",
-                "empty": ".",
-                "target": "G",
-                "box_on_target": "C",
-                "box": "B",
-                "player": "A",
-                "player_on_target": "@",
-            },
-        },
-    },
-    "FrozenLake": {
-        "env_id": FROZENLAKE_ID,
-        "env_config": {"size": 4, "p": 0.8, "is_slippery": False, "max_steps": 10},
-    },
+    "SimpleSokoban": _seed_tag(SOKOBAN_ID, {
+        "format_penalty": -0.15, "dim_room": [6, 6], "num_boxes": 1}),
+    "LargerSokoban": _seed_tag(SOKOBAN_ID, {
+        "format_penalty": -0.15, "dim_room": [10, 10], "num_boxes": 2, "search_depth": 10}),
+    "SokobanDifferentGridVocab": _seed_tag(SOKOBAN_ID, {
+        "format_penalty": -0.15, "search_depth": 30, "dim_room": [6, 6], "num_boxes": 1,
+        "grid_lookup": {"wall": "W", "empty": ".", "target": "G", "box_on_target": "C",
+                        "box": "B", "player": "A", "player_on_target": "@"},
+        "grid_vocab": {"W": "wall", ".": "empty", "G": "target", "C": "box on target",
+                       "B": "box", "A": "player", "@": "player on target"}}),
+    "FrozenLake": _seed_tag(FROZENLAKE_ID, {"format_penalty": -0.01, "is_slippery": False}),
 }

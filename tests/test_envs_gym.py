@@ -12,7 +12,7 @@ import pytest
 
 import producers.envs
 from producers.envs import is_text_env, make_env, register_envs
-from schemas.envspec import DEFAULT_CUSTOM_ENVS, FROZENLAKE_ID, SOKOBAN_ID
+from schemas.envspec import DEFAULT_CUSTOM_ENVS, FROZENLAKE_ID, SOKOBAN_ID, SOKOBAN_NATIVE_ID
 
 
 def test_registration_is_idempotent() -> None:
@@ -23,12 +23,14 @@ def test_registration_is_idempotent() -> None:
         importlib.reload(producers.envs)
     assert gym.spec(SOKOBAN_ID).entry_point == "producers.envs.sokoban:SokobanEnv"
     assert gym.spec(FROZENLAKE_ID).entry_point == "producers.envs.frozenlake:FrozenLakeEnv"
+    assert gym.spec(SOKOBAN_NATIVE_ID).entry_point == (
+        "producers.envs.sokoban_native:SokobanNativeEnv")
 
 
-@pytest.mark.parametrize("env_id", [SOKOBAN_ID, FROZENLAKE_ID])
+@pytest.mark.parametrize("env_id", [SOKOBAN_ID, FROZENLAKE_ID, SOKOBAN_NATIVE_ID])
 def test_gymnasium_make_builds_our_envs(env_id: str) -> None:
     env = gym.make(env_id, render_mode="ansi")
-    text, _ = env.reset(seed=0)
+    text, _ = env.reset(seed=3)  # a seed whose room comes quickly with Sokoban's defaults
     assert isinstance(text, str) and text == env.render()
     assert env.action_space == gym.spaces.Discrete(4)
 

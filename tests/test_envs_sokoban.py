@@ -1,12 +1,14 @@
-"""Sokoban: API conformance, determinism, solvability and rewards, checked from the text.
+"""Sokoban: API conformance, determinism, solvability, ROLL's room distribution, rewards,
+flags and defaults, checked from the text.
 
 The tests read the state back from the rendered grid and use their own model of the rules
-(a parser, a forward simulator and a breadth-first solver written here), so they do not
+(a parser, a forward simulator and breadth-first solvers written here), so they do not
 trust the env's generator or its step code.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +137,55 @@ def solve(grid: Grid) -> list[int] | None:
     return find_path(grid, lambda state: state.boxes <= state.targets)
 
 
+def solution_length(grid: Grid) -> int | None:
+    """Moves of a shortest solution (breadth-first over flat cells: fast enough for a few
+    hundred rooms), or None when there is none."""
+    cols = grid.cols
+    walls = [(r, c) in grid.walls for r in range(grid.rows) for c in range(cols)]
+    targets = frozenset(r * cols + c for r, c in grid.targets)
+    start = (grid.player[0] * cols + grid.player[1],
+             tuple(sorted(r * cols + c for r, c in grid.boxes)))
+    seen = {start}
+    frontier = [start]
+    moves = 0
+    while frontier:
+        following = []
+        for player, boxes in frontier:
+            if targets.issuperset(boxes):
+                return moves
+            for delta in (-cols, cols, -1, 1):
+                to = player + delta
+                if walls[to]:
+                    continue
+                if to in boxes:
+                    beyond = to + delta
+                    if walls[beyond] or beyond in boxes:
+                        continue
+                    boxes_after = tuple(sorted(beyond if box == to else box for box in boxes))
+                else:
+                    boxes_after = boxes
+                state = (to, boxes_after)
+                if state not in seen:
+                    seen.add(state)
+                    following.append(state)
+        frontier = following
+        moves += 1
+    return None
+
+
+@functools.cache
+def rooms(tag: str, seeds: int, first: int = 0) -> tuple[tuple[str, Grid, int | None], ...]:
+    """(text, grid, shortest solution length) of the tag's rooms for `seeds` seeds from
+    `first`, generated and solved once for all the tests that look at them."""
+    env = make_tag(tag)
+    out = []
+    for seed in range(first, first + seeds):
+        text, _ = env.reset(seed=seed)
+        grid = parse_grid(text, vocab_of(tag))
+        out.append((text, grid, solution_length(grid)))
+    return tuple(out)
+
+
 def blocked_push(grid: Grid) -> int | None:
     """An action that would push a box into another box, if there is one here."""
     r, c = grid.player
@@ -169,26 +220,45 @@ def test_same_seed_same_room_and_seeds_differ(tag: str) -> None:
 
 
 @pytest.mark.parametrize("tag", SOKOBAN_TAGS)
-def test_rooms_match_settings_and_are_solvable(tag: str) -> None:
+def test_rooms_match_settings_are_solvable_and_start_with_every_target_uncovered(
+    tag: str,
+) -> None:
     config = DEFAULT_CUSTOM_ENVS[tag]["env_config"]
     rows, cols = config["dim_room"]
-    vocab = vocab_of(tag)
-    env = make_tag(tag)
     lengths = []
-    for seed in range(200):
-        text, info = env.reset(seed=seed)
-        grid = parse_grid(text, vocab)
+    for seed, (text, grid, length) in enumerate(rooms(tag, 200)):
         assert (grid.rows, grid.cols) == (rows, cols)
         assert len(grid.boxes) == len(grid.targets) == config["num_boxes"]
         border = {(r, c) for r in range(rows) for c in (0, cols - 1)}
         border |= {(r, c) for r in (0, rows - 1) for c in range(cols)}
         assert border <= grid.walls, f"seed {seed}: border must be wall\n{text}"
-        assert not grid.boxes <= grid.targets, f"seed {seed}: room starts solved\n{text}"
-        assert info["boxes_on_target"] == len(grid.boxes & grid.targets)
-        solution = solve(grid)
-        assert solution is not None, f"seed {seed}: unsolvable room\n{text}"
-        lengths.append(len(solution))
+        assert not grid.boxes & grid.targets, f"seed {seed}: a box starts on a target\n{text}"
+        assert length is not None, f"seed {seed}: unsolvable room\n{text}"
+        lengths.append(length)
     assert max(lengths) > min(lengths), "rooms should vary in difficulty"
+
+
+# ROLL's rooms (alibaba/ROLL 8eb27cc2, sokoban/utils.py), measured by running its generator:
+# SimpleSokoban's optimal solutions average 3.97 moves over seeds 0-299 (4.08 over 2,000), 9%
+# of rooms are solved in one move, 99.7% within the 10 steps allowed (one room needs 11);
+# LargerSokoban's rooms have 24.7 floor cells on average (25.1-25.7 over seeds 0-299,
+# depending on ROLL's reseeding) and never a box on a target. The old generator here gave
+# SimpleSokoban 5.75 moves, no one-move room and 8% beyond 10; LargerSokoban 38.1 floor cells
+# and a box on a target in 41% of rooms.
+def test_simple_sokoban_solutions_follow_rolls_distribution() -> None:
+    lengths = np.array([length for _, _, length in rooms("SimpleSokoban", 300)])
+    assert 3.6 <= lengths.mean() <= 4.6, lengths.mean()  # ours: 3.88
+    assert 0.04 <= np.mean(lengths == 1) <= 0.15, np.mean(lengths == 1)  # ours: 0.107
+    assert np.mean(lengths <= 10) >= 0.97  # ours: 1.0
+
+
+def test_larger_sokoban_rooms_follow_rolls_distribution() -> None:
+    found = rooms("LargerSokoban", 200)
+    floor = np.array([grid.rows * grid.cols - len(grid.walls) for _, grid, _ in found])
+    assert 22.5 <= floor.mean() <= 27.0, floor.mean()  # ours: 24.2
+    assert not any(grid.boxes & grid.targets for _, grid, _ in found)
+    lengths = np.array([length for _, _, length in found])
+    assert 5.0 <= lengths.mean() <= 7.0 and lengths.min() >= 2, lengths.mean()  # ours: 5.9
 
 
 @pytest.mark.parametrize("tag", SOKOBAN_TAGS)
@@ -223,14 +293,16 @@ def test_random_play_follows_the_rules() -> None:
         for seed in range(40):
             text, _ = env.reset(seed=seed)
             grid = parse_grid(text, vocab)
-            for _ in range(60):
+            for step in range(60):
                 action = int(rng.integers(4))
                 expected_grid, expected_reward = simulate(grid, action)
                 text, reward, terminated, truncated, info = env.step(action)
                 assert parse_grid(text, vocab) == expected_grid
                 assert reward == pytest.approx(expected_reward)
                 assert info["action_is_effective"] == (expected_grid != grid)
-                assert terminated == (expected_grid.boxes <= expected_grid.targets)
+                solved = expected_grid.boxes <= expected_grid.targets
+                assert terminated == (solved or step == 59)  # ROLL: max_steps terminates too
+                assert truncated == (step == 59 and not solved)
                 rewards_seen.add(round(reward, 6))
                 grid = expected_grid
                 if terminated or truncated:
@@ -260,18 +332,51 @@ def test_box_cannot_be_pushed_into_a_box() -> None:
     assert checked >= 5
 
 
-def test_truncated_at_max_steps() -> None:
+def test_flags_and_rewards_at_max_steps_are_rolls() -> None:
+    """At max_steps ROLL's Sokoban returns terminated and truncated after a valid action, but
+    truncated False after an unparsable reply; an unparsable reply is a no-op step that pays
+    the step cost and the format penalty (-0.1 - 0.15)."""
     env = make_tag("SimpleSokoban", max_steps=3)
-    env.reset(seed=5)
-    flags = [env.step(env.unwrapped.parse_action("<answer>Up</answer>"))[3] for _ in range(3)]
-    assert flags == [False, False, True]
+    for last, flags in (("<answer>Up</answer>", (True, True)), ("no answer", (True, False))):
+        env.reset(seed=5)
+        steps = [env.unwrapped.step_text(reply) for reply in ("<answer>Up</answer>", "?", last)]
+        assert [step[2:4] for step in steps] == [(False, False), (False, False), flags]
+        assert steps[1][1] == pytest.approx(-0.25) and steps[1][4]["action_is_valid"] is False
+    # solved on the last step allowed: a success, terminated only
+    for seed in range(20):
+        text, _ = env.reset(seed=seed)
+        solution = solve(parse_grid(text, DEFAULT_VOCAB))
+        if solution is not None and len(solution) <= 10:
+            break
+    env.unwrapped.max_steps = len(solution)
+    for action in solution:
+        _, reward, terminated, truncated, info = env.step(action)
+    assert (terminated, truncated, info["success"]) == (True, False, True)
+    assert reward == pytest.approx(-0.1 + 1 + 10)
+
+
+def test_rolls_defaults_and_instruction() -> None:
+    env = SokobanEnv()
+    assert (env.dim_room, env.num_boxes, env.max_steps, env.search_depth,
+            env.format_penalty) == ((10, 10), 4, 20, 300, 0.0)
+    grid = parse_grid(env.reset(seed=3)[0], DEFAULT_VOCAB)  # a seed that generates quickly
+    assert len(grid.boxes) == len(grid.targets) == 4 and not grid.boxes & grid.targets
+    assert env.instruction == (  # ROLL's text, word for word (sokoban/env.py)
+        "You are solving the Sokoban puzzle. You are the player and you need to push all "
+        "boxes to targets. When you are right next to a box, you can push it by moving in the "
+        "same direction. You cannot push a box through a wall, and you cannot pull a box. The "
+        "answer must be one of action in a turn, format is <answer>Right</answer>.\n"
+        "The meaning of each symbol in the state is:\n"
+        "#: wall, _: empty, O: target, √: box on target, X: box, P: player, "
+        "S: player on target\n"
+        "Your available actions are:\nUp, Down, Left, Right")
 
 
 def test_vocab_variant_renders_its_own_symbols_and_round_trips() -> None:
     tag = "SokobanDifferentGridVocab"
     vocab = vocab_of(tag)
     variant = make_tag(tag)
-    plain = make_tag(tag, grid_lookup=None)
+    plain = make_tag(tag, grid_lookup=None, grid_vocab=None)
     for seed in range(20):
         text, _ = variant.reset(seed=seed)
         assert set(text) <= set(vocab.values()) | {"\n"}
@@ -280,7 +385,8 @@ def test_vocab_variant_renders_its_own_symbols_and_round_trips() -> None:
         assert render_grid(grid, vocab) == text
         # The vocabulary changes only the symbols: same seed, same room.
         assert parse_grid(plain.reset(seed=seed)[0], DEFAULT_VOCAB) == grid
-    assert "W = wall" in variant.unwrapped.instruction
+    assert ("W: wall, .: empty, G: target, C: box on target, B: box, A: player, "
+            "@: player on target") in variant.unwrapped.instruction
 
 
 def test_generation_failure_retries_reproducibly() -> None:
@@ -300,6 +406,7 @@ def test_generation_failure_retries_reproducibly() -> None:
         {"dim_room": (4, 4), "num_boxes": 3},
         {"num_boxes": 0},
         {"search_depth": 0},
+        {"search_depth": 2},  # too shallow to pull a box off its target
         {"max_steps": 0},
         {"grid_lookup": {"wall": "##"}},
         {"grid_lookup": {"wall": "_"}},
@@ -310,3 +417,23 @@ def test_generation_failure_retries_reproducibly() -> None:
 def test_bad_settings_raise(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         SokobanEnv(**kwargs)
+
+
+def print_figures(seeds: int, first: int) -> None:
+    """The distribution figures the tests check, for any seed range (see __main__)."""
+    for tag in SOKOBAN_TAGS:
+        found = rooms(tag, seeds, first)
+        lengths = np.array([99 if length is None else length for _, _, length in found])
+        floor = np.mean([grid.rows * grid.cols - len(grid.walls) for _, grid, _ in found])
+        on_target = np.mean([bool(grid.boxes & grid.targets) for _, grid, _ in found])
+        print(f"{tag}: seeds {first}-{first + seeds - 1}: optimal solution "
+              f"{lengths.mean():.2f} moves on average ({lengths.min()} to {lengths.max()}), "
+              f"one move {np.mean(lengths == 1):.1%}, within 10 {np.mean(lengths <= 10):.1%}; "
+              f"floor cells {floor:.1f}; a box on a target at start {on_target:.0%}")
+
+
+if __name__ == "__main__":  # python tests/test_envs_sokoban.py [SEEDS [FIRST]]
+    import sys
+
+    print_figures(int(sys.argv[1]) if len(sys.argv) > 1 else 300,
+                  int(sys.argv[2]) if len(sys.argv) > 2 else 0)

@@ -26,6 +26,7 @@ def make_tag(tag: str, **overrides):
         ("<answer>\nUp\n</answer>", 0),
         ("I think <answer>Left</answer> then <answer>Right</answer>", 2),
         ("<|im_start|>assistant\nthinking... <answer> up </answer><|im_end|>", 0),
+        ("<answer>Up<|im_end|></answer>", 0),  # ROLL removes its special tokens first
         ("<think>go <b>down</b></think><answer>Down</answer>", 1),
         ("Up", None),
         ("", None),
@@ -40,6 +41,28 @@ def make_tag(tag: str, **overrides):
 )
 def test_parse_answer(reply: str, expected: int | None) -> None:
     assert parse_answer(reply, SOKOBAN_NAMES) == expected
+
+
+@pytest.mark.parametrize(("pattern", "reply", "expected"), [
+    (r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", "<think>Up</think><answer>Left</answer>",
+     2),
+    # more than two groups: the second is the action, as ROLL reads it
+    (r"(<think>)(.*?)</think>(.*)", "<think>Down</think> whatever", 1),
+    (r"<answer>(.*?)</answer>", "<answer><|im_start|>Right</answer>", 3),
+])
+def test_parse_answer_takes_the_group_roll_takes(pattern: str, reply: str,
+                                                  expected: int) -> None:
+    import re
+
+    assert parse_answer(reply, SOKOBAN_NAMES, re.compile(pattern, re.DOTALL)) == expected
+
+
+def test_special_token_list_from_env_config() -> None:
+    env = make_tag("SimpleSokoban", special_token_list=["<eos>"]).unwrapped
+    assert env.parse_action("<answer>Up<eos></answer>") == 0
+    assert env.parse_action("<answer>Up<|im_end|></answer>") is None  # only the ones given
+    with pytest.raises(ValueError, match="special_token_list must be a list of non-empty"):
+        make_tag("SimpleSokoban", special_token_list=[""])  # "" would do nothing, silently
 
 
 def test_parse_answer_refuses_non_text() -> None:
@@ -57,16 +80,18 @@ def test_env_parse_action_uses_its_own_names(tag: str) -> None:
 
 @pytest.mark.parametrize("tag", list(DEFAULT_CUSTOM_ENVS))
 def test_unparsable_reply_is_a_penalised_no_op(tag: str) -> None:
+    """ROLL's no-op: FrozenLake pays the format penalty; Sokoban steps its no-op action
+    (-0.1) and adds the penalty (-0.15). At max_steps ROLL's Sokoban says terminated only,
+    its FrozenLake episode ends terminated and truncated (its env manager ends it)."""
     env = make_tag(tag, max_steps=3)
     text, _ = env.reset(seed=7)
-    penalty = env.unwrapped.format_penalty
-    expected_penalty = -0.01 if "FrozenLake" in tag else -0.15
-    assert penalty == expected_penalty
+    lake = "FrozenLake" in tag
+    assert env.unwrapped.format_penalty == (-0.01 if lake else -0.15)
     for step, reply in enumerate(["no tag here", "<answer>fly</answer>", "<answer></answer>"]):
         obs, reward, terminated, truncated, info = env.unwrapped.step_text(reply)
         assert obs == text and env.render() == text
-        assert reward == penalty
-        assert terminated is False and truncated == (step == 2)
+        assert reward == pytest.approx(-0.01 if lake else -0.25)
+        assert terminated == (step == 2) and truncated == (lake and step == 2)
         assert info["action_is_valid"] is False and info["action_is_effective"] is False
         assert info["success"] is False
 
@@ -76,7 +101,7 @@ def test_step_outside_the_action_space_is_a_penalised_no_op(action: object) -> N
     env = make_tag("SimpleSokoban")
     text, _ = env.reset(seed=3)
     obs, reward, terminated, _, info = env.step(action)
-    assert (obs, reward, terminated) == (text, -0.15, False)
+    assert (obs, terminated) == (text, False) and reward == pytest.approx(-0.25)
     assert info["action_is_valid"] is False
 
 
@@ -103,14 +128,29 @@ def test_valid_reply_steps_like_the_action(tag: str) -> None:
 
 @pytest.mark.parametrize("tag", list(DEFAULT_CUSTOM_ENVS))
 def test_instruction_names_symbols_actions_and_format(tag: str) -> None:
+    """ROLL's layout: the rules (with the answer format), then each symbol and each action
+    under its heading line."""
     env = make_tag(tag).unwrapped
-    text = env.instruction
-    for symbol in env.vocab.values():
-        assert f"{symbol} = " in text
-    for name in env.action_names:
-        assert name in text
-    assert "<answer>Left</answer>" in text
-    assert f"{env.max_steps} steps" in text
+    rules, symbols_head, symbols, actions_head, actions = env.instruction.split("\n")
+    assert rules.endswith(("format is <answer>Right</answer>",
+                           "format is <answer>Right</answer>."))
+    assert symbols_head == "The meaning of each symbol in the state is:"
+    assert [item.split(": ")[0] for item in symbols.split(", ")] == list(env.vocab.values())
+    assert actions_head == "Your available actions are:"
+    assert actions.split(", ") == list(env.action_names)
+
+
+def test_env_instruction_replaces_rolls_rules_only() -> None:
+    env = make_tag("SimpleSokoban", env_instruction="Push the box.").unwrapped
+    assert env.instruction.startswith("Push the box.\nThe meaning of each symbol")
+    assert env.instruction.endswith("Your available actions are:\nUp, Down, Left, Right")
+
+
+def test_grid_vocab_is_the_whole_list_the_agent_is_told() -> None:
+    """As in ROLL, `grid_vocab` replaces the symbol list: only its entries, in its order."""
+    env = make_tag("SimpleSokoban", grid_vocab={"P": "you", "X": "a crate"}).unwrapped
+    assert "\nP: you, X: a crate\n" in env.instruction
+    assert "#: wall" not in env.instruction
 
 
 def test_observation_space_charset_is_the_vocab() -> None:

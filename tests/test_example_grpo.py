@@ -67,8 +67,11 @@ def test_example_learns_clearly_better_than_random_and_leaves_nothing(tmp_path):
     assert re.fullmatch(r"final success_rate=[0-9.]+", last), last
     final = float(last.split("=")[1])
     vals = val_success(out)
-    assert vals[0] < 0.15  # the untrained policy is the random one (~1-2 %)
-    assert final == vals[10] and final >= vals[0] + 0.3, vals
+    # the untrained policy is the random one: ~20% on ROLL's FrozenLake, whose goal is 2.8
+    # steps from the start on average
+    assert vals[0] < 0.35
+    # the val line shows 3 decimals, the final line 4
+    assert final == pytest.approx(vals[10], abs=5e-4) and final >= vals[0] + 0.3, vals
     rows = list(csv.DictReader(open(tmp_path / "progress.csv")))
     assert [int(r["step"]) for r in rows] == list(range(11))
     assert "env/FrozenLake/success" in rows[-1] and "scheduler/stale_dropped" in rows[-1]

@@ -30,8 +30,10 @@ def game_messages(tag: str, seed: int = 3) -> tuple[list[dict], object]:
     spec = DEFAULT_CUSTOM_ENVS[tag]
     env = make_env(spec["env_id"], spec["env_config"])
     obs, _ = env.reset(seed=seed)
-    return [{"role": "system", "content": "Play well.\n" + env.unwrapped.instruction},
-            {"role": "user", "content": f"Turn 1:\nState:\n{obs}\nYour next action:"}], env
+    # placed as ROLL places it: the instruction opens the first user message
+    return [{"role": "system", "content": "Play well."},
+            {"role": "user", "content": f"{env.unwrapped.instruction}\nTurn 1:\nState:\n{obs}\n"
+                                        "Your next action:"}], env
 
 
 def test_chat_completion_has_vllm_shapes(fake_llm) -> None:

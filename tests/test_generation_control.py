@@ -206,7 +206,9 @@ def test_sglang_updates_while_producers_run(fake_llm, producer_thread, r: redis.
                                             run: str) -> None:
     """Async: every turn records the version the server reported when it answered; turns
     aborted by an update (held in flight when it lands) are sent again, once each."""
-    server = fake_llm(latency_s=0.003, load_time_s=0.05)
+    # mostly malformed replies (no-op steps): episodes run to their 6 steps, so second turns
+    # are in flight when the hold starts (ROLL's lake is often solved in one or two moves)
+    server = fake_llm(latency_s=0.003, load_time_s=0.05, p_good=0.3, malformed_share=1.0)
     batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
     servers = ModelServers.for_batcher(batcher, "sglang")
     producer_thread()

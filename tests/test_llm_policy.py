@@ -46,10 +46,11 @@ def two_tag_config(base_urls: list[str], *, ratio: int = 0, **policy: Any):
             "Lake": {"env_type": "frozen_lake", "agent_system_template": "SYS-LAKE",
                      "agent_template": LAKE_TEMPLATE, "max_tokens_per_step": 48,
                      "env_config": {"size": 4, "p": 0.8, "is_slippery": False,
-                                    "max_steps": 6}},
+                                    "max_steps": 6, "format_penalty": -0.01}},
             "Box": {"env_type": "sokoban",
                     "env_config": {"dim_room": [6, 6], "num_boxes": 1, "search_depth": 30,
-                                   "max_steps": 4, "action_pattern": THINK_PATTERN}},
+                                   "max_steps": 4, "action_pattern": THINK_PATTERN,
+                                   "format_penalty": -0.15}},
         },
         policy={"type": "openai", "base_urls": base_urls, "model": MODEL, "max_tokens": 64,
                 "timeout_s": 5.0, "max_retries": 2, **policy},
@@ -90,7 +91,7 @@ def test_a_run_with_the_openai_policy(fake_llm, producer_thread, r: redis.Redis,
     batcher.ack(later)
 
     steps = [(t["tag"], s) for b in (first, later) for t in b.trajectories for s in t["steps"]]
-    penalty = {"Lake": -0.01, "Box": -0.15}
+    penalty = {"Lake": -0.01, "Box": -0.25}  # ROLL's Sokoban: a no-op step (-0.1) and -0.15
     malformed = [(tag, s) for tag, s in steps if "<answer>" not in s["response"]]
     assert malformed, "p_good 0.5: some replies are malformed"
     for tag, s in malformed:
@@ -116,23 +117,29 @@ def request_seed(episode_seed: int, member: int, turn: int) -> int:
 
 
 def check_prompts(bodies: list[dict[str, Any]]) -> None:
-    """Each tag's requests carry its own templates; conversations grow turn by turn."""
-    lake = [b for b in bodies if b["messages"][0]["content"].startswith("SYS-LAKE\n")]
-    box = [b for b in bodies if b["messages"][0]["content"].startswith(
-        DEFAULT_AGENT_SYSTEM_TEMPLATE + "\nYou are playing Sokoban.")]
+    """Each tag's requests carry its own templates, placed as ROLL places them (the system
+    template alone, the env's instruction opening the first user message); conversations
+    grow turn by turn."""
+    lake = [b for b in bodies if b["messages"][0]["content"] == "SYS-LAKE"]
+    box = [b for b in bodies if b["messages"][0]["content"] == DEFAULT_AGENT_SYSTEM_TEMPLATE]
     assert lake and box and len(lake) + len(box) == len(bodies)
-    assert "You are walking on a frozen lake." in lake[0]["messages"][0]["content"]
+    for tag_bodies, rules in ((lake, "You are solving the FrozenLake puzzle."),
+                              (box, "You are solving the Sokoban puzzle.")):
+        for body in tag_bodies:
+            assert body["messages"][1]["content"].startswith(rules)
+            assert not any(rules in m["content"] for m in body["messages"][2:])
     for body in lake:
         turns = (len(body["messages"]) - 1) // 2 + 1
         user = body["messages"][-1]["content"]
-        assert user.startswith(f"LAKE turn {turns}, {6 - turns + 1} left, 48 tokens\n")
+        assert f"\nLAKE turn {turns}, {6 - turns + 1} left, 48 tokens\n" in "\n" + user
         assert body["max_tokens"] == 48 and body["temperature"] in (1.0, 0.0)
         assert body["logprobs"] is True and body["return_token_ids"] is True
     for body in box:
         turns = (len(body["messages"]) - 1) // 2 + 1
         user = body["messages"][-1]["content"]
-        assert user.startswith(f"Turn {turns}:\nState:\n")
-        assert f"You have {4 - turns + 1} actions left." in user and "64 tokens" in user
+        assert f"\nTurn {turns}:\nObservation:\n" in "\n" + user
+        assert f"You have {4 - turns + 1} actions left." in user
+        assert "Max response length: 64 words (tokens)." in user
         assert body["max_tokens"] == 64
     grown = [b for b in bodies if len(b["messages"]) >= 4]
     assert grown and all(b["messages"][2]["role"] == "assistant" for b in grown)

@@ -1,5 +1,5 @@
-"""ROLL's agentic prompt pieces: per-tag templates, the envs' action_pattern, one turn's
-request body and the reply read back (pure logic, no server)."""
+"""ROLL's agentic prompt pieces: per-tag templates placed as ROLL places them, the envs'
+action_pattern, one turn's request body and the reply read back (pure logic, no server)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from producers.llm.chat import messages_for_turn, request_body, turn_from_answer
 from producers.policies import StepContext
 from schemas.envspec import (
     DEFAULT_AGENT_SYSTEM_TEMPLATE,
+    DEFAULT_AGENT_TEMPLATE,
     DEFAULT_CUSTOM_ENVS,
     FROZENLAKE_ID,
     AgentPrompt,
@@ -76,7 +77,21 @@ def test_build_env_hands_the_tag_prompt_to_the_policy() -> None:
     assert build_env(config, "Lake").unwrapped.agent_prompt == AgentPrompt("S", "T", 7)
     default = build_env(config, "FrozenLake").unwrapped.agent_prompt
     assert default.system_template == DEFAULT_AGENT_SYSTEM_TEMPLATE
-    assert default.max_tokens_per_step is None
+    assert default.max_tokens_per_step is None  # the policy's max_tokens
+    assert build_env(config, "Lake").unwrapped.agent_prompt.system_template == "S"
+
+
+def test_default_templates_are_rolls_traj_envs_yaml() -> None:
+    """Word for word, trailing spaces included (examples/config/traj_envs.yaml)."""
+    assert DEFAULT_AGENT_SYSTEM_TEMPLATE == (
+        "You're a helpful assistant. You are a good game player. You are aiming to get high "
+        "reward in the game.")
+    assert DEFAULT_AGENT_TEMPLATE.format(turn_idx=1, observation="OBS", actions_left=10,
+                                         max_response_length=128) == (
+        "Turn 1:\nObservation:\nOBS\nStrictly follow this format:\n"
+        "1. output format is '<answer> [your answer] </answer>' with no extra text. \n"
+        "2. You have 10 actions left. \n3. Max response length: 128 words (tokens).\n"
+        "Decide the next action:\n")
 
 
 def context(env, turn: int = 0, member: int = 0, scratch: dict | None = None) -> StepContext:
@@ -84,22 +99,49 @@ def context(env, turn: int = 0, member: int = 0, scratch: dict | None = None) ->
                        member=member, tag="Lake", turn=turn, scratch=scratch or {})
 
 
-def test_the_conversation_grows_turn_by_turn() -> None:
+def test_the_conversation_grows_turn_by_turn_placed_as_roll_places_it() -> None:
+    """ROLL's TrajEnvManager: the system message is the system template alone; the env's
+    instruction and a newline open the first user message; later ones are the template."""
     env = lake(max_steps=5)
     obs, _ = env.reset(seed=2)
     prompt = AgentPrompt("SYS", "t={turn_idx} left={actions_left} max={max_response_length}\n"
                          "{observation}")
     ctx = context(env)
     first = messages_for_turn(ctx, obs, prompt, 32)
+    instruction = env.unwrapped.instruction
+    assert instruction.startswith("You are solving the FrozenLake puzzle.")
     assert first == [
-        {"role": "system", "content": "SYS\n" + env.unwrapped.instruction},
-        {"role": "user", "content": f"t=1 left=5 max=32\n{obs}"},
+        {"role": "system", "content": "SYS"},
+        {"role": "user", "content": f"{instruction}\nt=1 left=5 max=32\n{obs}"},
     ]
     first.append({"role": "assistant", "content": "reply 1"})
     ctx.turn = 1
     second = messages_for_turn(ctx, "next", prompt, 32)
     assert second is first and len(second) == 4
     assert second[3] == {"role": "user", "content": "t=2 left=4 max=32\nnext"}
+
+
+def test_a_first_turn_sent_again_still_opens_with_the_instruction() -> None:
+    """The policy takes a failed turn's user message back and asks again: the first user
+    message must carry the instruction the second time too, and the system message stays
+    alone."""
+    env = lake()
+    obs, _ = env.reset(seed=3)
+    prompt = AgentPrompt("SYS", "{observation}")
+    ctx = context(env)
+    first = messages_for_turn(ctx, obs, prompt, 32)
+    expected = list(first)
+    del first[-1]
+    assert messages_for_turn(ctx, obs, prompt, 32) == expected
+
+
+def test_an_env_without_an_instruction_gets_the_template_only() -> None:
+    env = make_env("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    messages = messages_for_turn(context(env), "OBS", AgentPrompt("SYS", "{observation} "
+                                 "{actions_left}"), 8)
+    assert messages == [{"role": "system", "content": "SYS"},
+                        {"role": "user", "content": "OBS 500"}]
 
 
 def test_request_body() -> None:

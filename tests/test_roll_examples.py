@@ -91,7 +91,7 @@ PENDING: dict[str, tuple[tuple[str, str], ...]] = {
     "qwen2.5-0.5B-agentic/agentic_val_sokoban_gigpo.yaml": (STEP,),
     "qwen2.5-0.5B-agentic/agentic_val_sokoban_lora.yaml": SUPPORTED_NOW,
     "qwen2.5-0.5B-agentic/agentic_val_sokoban_native.yaml": (
-        ("env type", "sokoban_native_env"), ("env manager", "AgentNativeStepEnvManager")),
+        ("env manager", "AgentNativeStepEnvManager"),),
     "qwen3-30BA3B-agentic_fsdp2/agentic_val_sokoban_30a3.yaml": SUPPORTED_NOW,
     "qwen3_agentic_gem/gem_game_guess_the_number.yaml": (
         ("env type", "game:GuessTheNumber-v0"), ("env manager", "StepConcatEnvManager")),

@@ -1,8 +1,10 @@
 """Environments: our text grid envs, registered with gymnasium, and the env factory.
 
-Importing this package registers `rollstream/Sokoban-v0` and `rollstream/FrozenLake-v0`
-(idempotent). `make_env` builds any registered gymnasium env from a tag's spec; our own envs
-get a text observation, `instruction`, `parse_action` and `step_text` for LLM agents.
+Importing this package registers `rollstream/Sokoban-v0`, `rollstream/FrozenLake-v0` and
+`rollstream/SokobanNative-v0` (ROLL's env types `sokoban`, `frozen_lake` and
+`sokoban_native_env`; idempotent). `make_env` builds any registered gymnasium env from a
+tag's spec; our own envs get a text observation, `instruction`, `parse_action` and
+`step_text` for LLM agents.
 """
 
 from __future__ import annotations
@@ -14,16 +16,19 @@ import gymnasium as gym
 from producers.envs.frozenlake import FrozenLakeEnv
 from producers.envs.roll_tasks import GEM_ID
 from producers.envs.sokoban import SokobanEnv
+from producers.envs.sokoban_native import SokobanNativeEnv
 from producers.envs.text import TextGridEnv, parse_answer
 from schemas.config import RolloutConfig
-from schemas.envspec import FROZENLAKE_ID, SOKOBAN_ID, EnvSpec
+from schemas.envspec import FROZENLAKE_ID, SOKOBAN_ID, SOKOBAN_NATIVE_ID, EnvSpec
 from schemas.errors import ConfigError
 
 __all__ = [
     "FROZENLAKE_ID",
     "SOKOBAN_ID",
+    "SOKOBAN_NATIVE_ID",
     "FrozenLakeEnv",
     "SokobanEnv",
+    "SokobanNativeEnv",
     "TextGridEnv",
     "build_env",
     "check_envs",
@@ -37,6 +42,7 @@ __all__ = [
 _ENTRY_POINTS = {
     SOKOBAN_ID: "producers.envs.sokoban:SokobanEnv",
     FROZENLAKE_ID: "producers.envs.frozenlake:FrozenLakeEnv",
+    SOKOBAN_NATIVE_ID: "producers.envs.sokoban_native:SokobanNativeEnv",
     GEM_ID: "producers.envs.roll_tasks:make_gem_env",  # ROLL's gem env types (`task` kwarg)
 }
 

@@ -1,7 +1,8 @@
 """Sokoban for LLM agents: push every box onto a target, seen as a text grid.
 
 Registered as `rollstream/Sokoban-v0`. A new room is generated at each reset from the reset
-seed (see `sokoban_gen`), so it is solvable and reproducible.
+seed with ROLL's algorithm (see `sokoban_gen`), so it is solvable, reproducible, and drawn
+from the distribution ROLL's Sokoban env gives.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from types import MappingProxyType
 from typing import Any
 
 from producers.envs.sokoban_gen import Room, generate_room
-from producers.envs.text import TextGridEnv
+from producers.envs.text import SPECIAL_TOKENS, TextGridEnv
+
+MIN_SEARCH_DEPTH = 3  # a shallower reverse search cannot pull a box off its target
 
 # Cell kind -> symbol; the keys are the `grid_lookup` keys, in the order of ROLL's integer
 # codes (0 wall, 1 empty, 2 target, 3 box on target, 4 box, 5 player, 6 player on target).
@@ -27,39 +30,57 @@ DEFAULT_VOCAB: Mapping[str, str] = MappingProxyType(
     }
 )
 
+# ROLL's rewards (gym-sokoban 0.0.6's, which ROLL's Sokoban env steps): per step, per box
+# pushed onto or off a target, and for the last box placed.
 STEP_REWARD = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 BOX_OFF_TARGET_REWARD = -1.0
 SOLVED_REWARD = 10.0
 
+# ROLL's Sokoban instruction, word for word (roll/pipeline/agentic/env/sokoban/env.py at
+# 8eb27cc2); the symbols and the actions follow it.
+ROLL_RULES = (
+    "You are solving the Sokoban puzzle. "
+    "You are the player and you need to push all boxes to targets. "
+    "When you are right next to a box, you can push it by moving in the same direction. "
+    "You cannot push a box through a wall, and you cannot pull a box. "
+    "The answer must be one of action in a turn, format is <answer>Right</answer>."
+)
+
 
 class SokobanEnv(TextGridEnv):
-    """Sokoban with a generated room per reset and a text observation.
+    """Sokoban with a generated room per reset and a text observation, as ROLL's.
 
     Actions 0..3 = Up, Down, Left, Right (ROLL's ids 1..4, as its `action_lookup` numbers
     them); moving into a box pushes it if the cell beyond is free. Reward per step: -0.1, +1
     for a box pushed onto a target, -1 for one pushed off, +10 when all boxes are on targets
-    (which terminates). `truncated` once `max_steps` steps have been taken.
+    (which terminates). A reply that names no action is a no-op step: -0.1 plus
+    `format_penalty`. The step that uses up `max_steps` unsolved ends the episode with
+    terminated and truncated True, as ROLL's env returns it (its gym-sokoban base ends the
+    game there) - except after an unparsable reply, where ROLL's env returns truncated False.
+    Defaults for omitted settings are ROLL's: 10x10, 4 boxes, 20 steps, search depth 300, no
+    format penalty.
     """
 
     action_names = ("Up", "Down", "Left", "Right")
     roll_action_ids = (1, 2, 3, 4)
     default_vocab = DEFAULT_VOCAB
-    example_action = 2  # Left
+    default_rules = ROLL_RULES
 
     def __init__(
         self,
-        dim_room: Sequence[int] = (6, 6),
-        num_boxes: int = 1,
-        max_steps: int = 100,
+        dim_room: Sequence[int] = (10, 10),
+        num_boxes: int = 4,
+        max_steps: int = 20,
         search_depth: int = 300,
         grid_lookup: Mapping[Any, str] | None = None,
-        format_penalty: float = -0.15,
+        format_penalty: float = 0.0,
         render_mode: str | None = None,
         action_pattern: str | None = None,
         grid_vocab: Mapping[Any, Any] | None = None,
         action_lookup: Mapping[Any, Any] | None = None,
         env_instruction: str | None = None,
+        special_token_list: Sequence[str] | None = SPECIAL_TOKENS,
     ) -> None:
         rows, cols = (int(n) for n in dim_room)
         if rows < 3 or cols < 3:
@@ -68,8 +89,9 @@ class SokobanEnv(TextGridEnv):
             raise ValueError(f"num_boxes must be >= 1, got {num_boxes}")
         if (rows - 2) * (cols - 2) < int(num_boxes) + 2:
             raise ValueError(f"dim_room {tuple(dim_room)} has no room for {num_boxes} boxes")
-        if int(search_depth) < 1:
-            raise ValueError(f"search_depth must be >= 1, got {search_depth}")
+        if int(search_depth) < MIN_SEARCH_DEPTH:
+            raise ValueError(f"search_depth must be >= {MIN_SEARCH_DEPTH} (the reverse search "
+                             f"goes search_depth - 2 moves deep), got {search_depth}")
         self.dim_room = (rows, cols)
         self.num_boxes = int(num_boxes)
         self.search_depth = int(search_depth)
@@ -84,6 +106,7 @@ class SokobanEnv(TextGridEnv):
             grid_vocab=grid_vocab,
             action_lookup=action_lookup,
             env_instruction=env_instruction,
+            special_token_list=special_token_list,
         )
         # Cells are indices into the rendered text, `row * (cols + 1) + col`: the "\n" after
         # each row takes one index, so a move is an index offset and rendering is a join.
@@ -95,20 +118,6 @@ class SokobanEnv(TextGridEnv):
         self._boxes: set[int] = set()
         self._player = 0
         self._boxes_on_target = 0
-
-    def _rules(self) -> str:
-        return (
-            "You are playing Sokoban. Push every box onto a target. Moving into a box pushes "
-            "it one cell in the same direction if the cell beyond is empty; boxes cannot be "
-            "pulled, and walls and other boxes block them."
-        )
-
-    def _rewards(self) -> str:
-        return (
-            f"Rewards: {STEP_REWARD} per step, +{BOX_ON_TARGET_REWARD:g} for a box pushed onto "
-            f"a target, {BOX_OFF_TARGET_REWARD:g} for one pushed off, +{SOLVED_REWARD:g} when "
-            "all boxes are on targets."
-        )
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -145,6 +154,12 @@ class SokobanEnv(TextGridEnv):
         self._player = to_text(room.player)
         self._boxes_on_target = sum(is_target[box] for box in self._boxes)
 
+    def _no_op(self) -> float:
+        return STEP_REWARD + self.format_penalty  # ROLL steps its no-op action, then adds it
+
+    def _end_flags(self, *, valid: bool) -> tuple[bool, bool]:
+        return True, valid
+
     def _move(self, action: int) -> tuple[float, bool, bool]:
         delta = self._deltas[action]
         to = self._player + delta
@@ -177,6 +192,9 @@ class SokobanEnv(TextGridEnv):
 
     def _is_over(self) -> bool:
         return self._boxes_on_target == self.num_boxes
+
+    def _success(self) -> bool:
+        return self._is_over()  # every box on a target ends the game
 
     def _text(self) -> str:
         cells = self._base.copy()

@@ -1,30 +1,60 @@
-"""Sokoban room generation: a random-walk floor, then reverse play from the solved state.
+"""Sokoban room generation with ROLL's algorithm, so that a ROLL tag gets ROLL's rooms.
 
-A room starts solved (every box on its target) and boxes are *pulled* off their targets by
-reverse moves of the player. Every reverse move has a forward move that undoes it, so the
-room that comes out is solvable by construction: play the reverse moves backwards.
+The algorithm is the one of ROLL's `roll/pipeline/agentic/env/sokoban/utils.py` (alibaba/ROLL
+at 8eb27cc2, itself adapted from gym-sokoban 0.0.6), described and written here:
 
-Everything random comes from the `np.random.Generator` passed in (the env's own), so a room
-is a function of the reset seed, and generation is safe to run in many threads at once.
+1. Topology: a random walk of `int(1.7 * (rows + cols))` steps starts at a random cell
+   (row in 1..rows-1, col in 1..cols-1) with a random heading. Each step turns to a random
+   heading with probability 0.35, moves one cell (kept inside the border), and marks as
+   floor one of five small shapes around the new cell, picked at random. The border is wall.
+2. Placement: the player on a random floor cell, then each target on a random floor cell not
+   yet taken. Fewer than `num_boxes + 2` floor cells fail the attempt.
+3. Reverse play: from the solved state (every box on its target) a depth-first search over
+   reverse moves (up, down, left, right: the player steps to a free cell, pulling the box
+   behind it along, if there is one) to `search_depth - 2` moves deep, visiting each
+   layout once (the first path to it wins) and at most 300,000 layouts. A layout scores
+   `box switches * displacement` (the number of times the pulled box changed along the
+   path, times the summed Manhattan distance of the boxes from their own targets), and 0
+   unless every target is uncovered (no box and not the player on it). The first layout with
+   the best score is the room; when nothing beat 0, the attempt fails.
+4. Player drift: with probability 0.8 when the displacement is 1, else 0.5, the player then
+   walks 1 to 3 random steps onto free cells it has not stood on (each further step with
+   probability 0.5), so that it does not always start next to a box.
 
-Cells are flat indices `row * cols + col`. The room's border is always wall, so a step from a
-floor cell never leaves the grid and needs no bounds check.
+A failed attempt is followed by a new one (ROLL reseeds its reset and starts over, which
+draws from the same distribution). Everything random comes from the `np.random.Generator`
+passed in (the env's own), so a room is a function of the reset seed, and generation is safe
+in many threads at once. The same seed does not give ROLL's room (ROLL draws from Python's
+`random` and numpy's global state); the rooms follow the same distribution.
+
+Cells are flat indices `row * cols + col`; the border is always wall, so a step from a floor
+cell never leaves the grid.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-FLOOR_FRACTION = 0.6  # share of the interior the random walk carves
-TURN_PROBABILITY = 0.35  # chance the walk picks a new direction at each step
-WIDEN_PROBABILITY = 0.3  # chance a walk step also carves a cell beside it
-MAX_SEARCH_STATES = 20_000  # bound on the reverse-play search, whatever search_depth says
-GOOD_DISPLACEMENT = 2  # total distance of boxes from targets that ends the attempts early
-MAX_ATTEMPTS = 100  # rooms tried before settling for the best one (or giving up)
-
-_WALK_DIRECTIONS = ((-1, 0), (1, 0), (0, -1), (0, 1))
+WALK_STEPS_PER_SIDE = 1.7  # the walk takes int(1.7 * (rows + cols)) steps
+TURN_PROBABILITY = 0.35  # chance the walk picks a new heading before a step
+# (d_row, d_col) headings of the walk, and the shapes it marks as floor around its cell
+WALK_HEADINGS = ((1, 0), (0, 1), (-1, 0), (0, -1))
+FLOOR_SHAPES = (
+    ((0, -1), (0, 0), (0, 1)),  # a row of three
+    ((-1, 0), (0, 0), (1, 0)),  # a column of three
+    ((0, -1), (0, 0), (1, 0)),  # the cell, its left and the one below
+    ((0, -1), (0, 0), (1, -1), (1, 0)),  # a 2x2 block, left and below
+    ((0, 0), (0, 1), (1, 0)),  # the cell, its right and the one below
+)
+MAX_LAYOUTS = 300_000  # the reverse search visits at most this many layouts
+DRIFT_IF_ONE_AWAY = 0.8  # chance the player drifts when the boxes are 1 cell from targets
+DRIFT = 0.5  # ... otherwise
+DRIFT_GO_ON = 0.5  # chance of each further drift step
+DRIFT_MAX_STEPS = 3
+MAX_ATTEMPTS = 1_000  # attempts before giving up (a sane room succeeds within a few)
 
 
 @dataclass(frozen=True)
@@ -33,180 +63,174 @@ class Room:
 
     rows: int
     cols: int
-    floor: tuple[bool, ...]
+    floor: tuple[bool, ...]  # True for floor (targets included), False for wall
     targets: tuple[int, ...]
     boxes: tuple[int, ...]
     player: int
-    score: tuple[int, int]  # (boxes off targets, their total distance to targets)
+    displacement: int  # summed distance of the boxes from their own targets
 
 
 def generate_room(
     dim_room: tuple[int, int], num_boxes: int, search_depth: int, rng: np.random.Generator
 ) -> Room:
-    """A solvable room drawn with `rng`.
+    """A solvable room drawn with `rng`, every target uncovered (see the module docstring).
 
-    An attempt fails when the walk leaves too little floor or no box could be pulled off its
-    target, and is weak when the boxes end less than `GOOD_DISPLACEMENT` cells from the
-    targets (solved in one push, it teaches little). Attempts go on until one is good, then
-    the best room found is kept (a cramped room may allow no better). Every attempt draws from
-    the same generator, so retries are as reproducible as the first try.
-    """
+    `RuntimeError` after `MAX_ATTEMPTS` failed attempts (a room too cramped for its boxes,
+    or a `search_depth` too small to pull a box off its target)."""
     rows, cols = dim_room
-    best: Room | None = None
     for _ in range(MAX_ATTEMPTS):
-        room = _try_room(rows, cols, num_boxes, search_depth, rng)
-        if room is not None and (best is None or room.score > best.score):
-            best = room
-        if best is not None and best.score[1] >= GOOD_DISPLACEMENT:
-            break
-    if best is not None:
-        return best
+        room = _attempt(rows, cols, num_boxes, search_depth, rng)
+        if room is not None:
+            return room
     raise RuntimeError(
-        f"no solvable Sokoban room after {MAX_ATTEMPTS} attempts "
-        f"(dim_room={dim_room}, num_boxes={num_boxes}, search_depth={search_depth})"
+        f"no Sokoban room after {MAX_ATTEMPTS} attempts (dim_room={dim_room}, "
+        f"num_boxes={num_boxes}, search_depth={search_depth})"
     )
 
 
-def _try_room(
+def _attempt(
     rows: int, cols: int, num_boxes: int, search_depth: int, rng: np.random.Generator
 ) -> Room | None:
-    """One attempt: carve, place targets and player, pull boxes; None when it fails."""
-    floor = carve_floor(rows, cols, min_floor=num_boxes + 2, rng=rng)
+    """One attempt: walk, place, reverse play, drift; None when it fails."""
+    floor = walk_floor(rows, cols, rng)
     cells = [cell for cell, is_floor in enumerate(floor) if is_floor]
     if len(cells) < num_boxes + 2:
         return None
-    chosen = rng.choice(len(cells), size=num_boxes + 1, replace=False).tolist()
-    targets = tuple(sorted(cells[i] for i in chosen[:num_boxes]))
-    player = cells[chosen[num_boxes]]
-    found = reverse_play(floor, cols, targets, player, search_depth, rng)
+    picks = rng.choice(len(cells), size=num_boxes + 1, replace=False).tolist()
+    player = cells[picks[0]]
+    targets = tuple(cells[i] for i in picks[1:])
+    found = reverse_play(floor, cols, targets, player, search_depth)
     if found is None:
         return None
-    boxes, start, score = found
-    return Room(rows, cols, tuple(floor), targets, boxes, start, score)
+    boxes, player, displacement = found
+    player = drift(floor, cols, set(boxes), player, displacement, rng)
+    return Room(rows, cols, tuple(floor), tuple(sorted(targets)), tuple(sorted(boxes)),
+                player, displacement)
 
 
-def carve_floor(rows: int, cols: int, min_floor: int, rng: np.random.Generator) -> list[bool]:
-    """Floor cells carved by a random walk inside the border; True = floor.
-
-    The walk keeps a direction and turns now and then, sometimes carving a second cell beside
-    its path so that the room has open areas where boxes can be moved, and stops once it has
-    carved `FLOOR_FRACTION` of the interior (at least `min_floor` cells).
-    """
-    inner_rows, inner_cols = rows - 2, cols - 2
-    inner = inner_rows * inner_cols
-    wanted = min(inner, max(min_floor, round(FLOOR_FRACTION * inner)))
-    max_walk = 8 * inner
-    turns = rng.random(max_walk).tolist()
-    headings = rng.integers(0, 4, size=max_walk).tolist()
-    widens = rng.random(max_walk).tolist()
-    row = int(rng.integers(1, rows - 1))
-    col = int(rng.integers(1, cols - 1))
-    heading = int(rng.integers(0, 4))
+def walk_floor(rows: int, cols: int, rng: np.random.Generator) -> list[bool]:
+    """The floor a random walk marks (step 1 of the module docstring); True = floor."""
+    steps = int(WALK_STEPS_PER_SIDE * (rows + cols))
+    row = int(rng.integers(1, rows))  # 1..rows-1: the first step brings it inside
+    col = int(rng.integers(1, cols))
+    heading = WALK_HEADINGS[int(rng.integers(len(WALK_HEADINGS)))]
+    turns = rng.random(steps).tolist()
+    headings = rng.integers(len(WALK_HEADINGS), size=steps).tolist()
+    shapes = rng.integers(len(FLOOR_SHAPES), size=steps).tolist()
     floor = [False] * (rows * cols)
-    floor[row * cols + col] = True
-    carved = 1
-    for step in range(max_walk):
-        if carved >= wanted:
-            break
+    for step in range(steps):
         if turns[step] < TURN_PROBABILITY:
-            heading = headings[step]
-        d_row, d_col = _WALK_DIRECTIONS[heading]
-        row = min(max(row + d_row, 1), rows - 2)
-        col = min(max(col + d_col, 1), cols - 2)
-        carved += _carve(floor, row * cols + col)
-        if widens[step] < WIDEN_PROBABILITY:
-            side_row = min(max(row + d_col, 1), rows - 2)  # perpendicular to the heading
-            side_col = min(max(col + d_row, 1), cols - 2)
-            carved += _carve(floor, side_row * cols + side_col)
+            heading = WALK_HEADINGS[headings[step]]
+        row = min(max(row + heading[0], 1), rows - 2)
+        col = min(max(col + heading[1], 1), cols - 2)
+        for d_row, d_col in FLOOR_SHAPES[shapes[step]]:
+            floor[(row + d_row) * cols + col + d_col] = True
+    for row in range(rows):  # the border is wall
+        floor[row * cols] = floor[row * cols + cols - 1] = False
+    for col in range(cols):
+        floor[col] = floor[(rows - 1) * cols + col] = False
     return floor
 
 
-def _carve(floor: list[bool], cell: int) -> int:
-    """Make `cell` floor; 1 if it was wall, else 0."""
-    if floor[cell]:
-        return 0
-    floor[cell] = True
-    return 1
-
-
 def reverse_play(
-    floor: list[bool],
-    cols: int,
-    targets: tuple[int, ...],
-    player: int,
-    search_depth: int,
-    rng: np.random.Generator,
-) -> tuple[tuple[int, ...], int, tuple[int, int]] | None:
-    """Boxes and player after pulling boxes off `targets`: (boxes, player, score), or None.
+    floor: list[bool], cols: int, targets: tuple[int, ...], player: int, search_depth: int
+) -> tuple[tuple[int, ...], int, int] | None:
+    """(boxes, player, displacement) of the best layout reverse play reaches from the solved
+    state (step 3 of the module docstring), or None when no layout scores above 0.
 
-    Breadth-first over reverse moves from the solved state, to `search_depth` moves and at most
-    `MAX_SEARCH_STATES` states. A reverse move walks the player to a free neighbour cell; if a
-    box stands on the other side of the player, it may come along (a pull). The kept state
-    has the most boxes off targets, then the largest total distance of boxes from their
-    nearest target (the score); ties are broken at random. None when no box left its target.
+    Depth-first, in the order a recursive search takes: a node is scored and marked when it
+    is first reached with depth budget left, and its children are visited in action order
+    before its next sibling. `boxes[i]` is where the box of `targets[i]` stands.
+
+    A layout is told apart as ROLL's search tells it apart: by the player, the boxes, and
+    which boxes have been pulled at least once (not by which box is which). Its key is one
+    int, the sorted `2 * cell + pulled` of the boxes in base `2 * size`, times `size`, plus
+    the player's cell; the displacement and the number of covered targets change only with a
+    pull, so a frame carries them.
     """
+    size = len(floor)
     deltas = (-cols, cols, -1, 1)
-    distance = _distance_to_targets(len(floor), cols, targets)
-    start = (player, targets)
-    seen = {start}
-    frontier = [start]
-    best_score = (0, 0)
-    best: list[tuple[int, tuple[int, ...]]] = []
-    for _ in range(search_depth):
-        next_frontier = []
-        for state in frontier:
-            for new_state in _reverse_moves(state, floor, deltas):
-                if new_state in seen:
-                    continue
-                seen.add(new_state)
-                next_frontier.append(new_state)
-                score = _score(new_state[1], distance)
-                if score > best_score:
-                    best_score, best = score, [new_state]
-                elif score == best_score and best:
-                    best.append(new_state)
-        frontier = next_frontier
-        if not frontier or len(seen) >= MAX_SEARCH_STATES:
-            break
-    if not best:
+    target_set = frozenset(targets)
+    # distance[i][cell]: Manhattan distance from `cell` to box i's own target
+    distance = []
+    for target in targets:
+        t_row, t_col = divmod(target, cols)
+        distance.append([abs(row - t_row) + abs(col - t_col)
+                         for row, col in (divmod(cell, cols) for cell in range(size))])
+    base = 2 * size
+
+    def box_code(boxes: tuple[int, ...], moved: int) -> int:
+        code = 0
+        for value in sorted(box * 2 + (moved >> i & 1) for i, box in enumerate(boxes)):
+            code = code * base + value
+        return code
+
+    explored: set[int] = set()
+    best_score = 0  # the solved start scores 0; only a better layout replaces it
+    best: tuple[tuple[int, ...], int, int] | None = None
+    limit = MAX_LAYOUTS
+    root_ttl = search_depth - 1
+    if root_ttl <= 0:
         return None
-    start_player, boxes = best[int(rng.integers(len(best)))]
-    return boxes, start_player, best_score
-
-
-def _reverse_moves(
-    state: tuple[int, tuple[int, ...]], floor: list[bool], deltas: tuple[int, ...]
-) -> list[tuple[int, tuple[int, ...]]]:
-    """States one reverse move away: each free step, plus the pull when a box is behind."""
-    player, boxes = state
-    moves = []
-    for delta in deltas:
-        to = player + delta
-        if not floor[to] or to in boxes:
+    explored.add(box_code(targets, 0) * size + player)
+    # a frame: player, boxes, moved (bit i: box i was pulled), box code, swaps, last pulled
+    # box, displacement, boxes on targets, ttl, next action
+    stack: list[list[Any]] = [[player, tuple(targets), 0, box_code(targets, 0), 0, -1, 0,
+                               len(targets), root_ttl, 0]]
+    while stack:
+        frame = stack[-1]
+        action = frame[9]
+        if action == 4:
+            stack.pop()
             continue
-        moves.append((to, boxes))
-        behind = player - delta
-        if behind in boxes:
-            pulled = tuple(sorted(player if box == behind else box for box in boxes))
-            moves.append((to, pulled))
-    return moves
+        frame[9] = action + 1
+        here, boxes, moved, code, swaps, last, displacement, covered, ttl = frame[:9]
+        ttl -= 1
+        if ttl <= 0 or len(explored) >= limit:
+            continue  # ROLL's recursion returns at once for every child
+        delta = deltas[action]
+        to = here + delta
+        if not floor[to] or to in boxes:
+            continue  # blocked: the same layout, already explored
+        behind = here - delta
+        if behind in boxes:  # the pull: the box behind comes to the player's cell
+            pulled = boxes.index(behind)
+            boxes = boxes[:pulled] + (here,) + boxes[pulled + 1:]
+            moved |= 1 << pulled
+            code = box_code(boxes, moved)
+            if pulled != last:
+                swaps += 1
+                last = pulled
+            far = distance[pulled]
+            displacement += far[here] - far[behind]
+            covered += (here in target_set) - (behind in target_set)
+        key = code * size + to
+        if key in explored:
+            continue
+        explored.add(key)
+        if not covered and to not in target_set and swaps * displacement > best_score:
+            best_score, best = swaps * displacement, (boxes, to, displacement)
+        stack.append([to, boxes, moved, code, swaps, last, displacement, covered, ttl, 0])
+    return best
 
 
-def _score(boxes: tuple[int, ...], distance: list[int]) -> tuple[int, int]:
-    """(boxes off targets, total distance of boxes to their nearest target): more is better."""
-    off = 0
-    total = 0
-    for box in boxes:
-        away = distance[box]
-        total += away
-        off += away > 0
-    return off, total
-
-
-def _distance_to_targets(size: int, cols: int, targets: tuple[int, ...]) -> list[int]:
-    """Manhattan distance from every cell to its nearest target."""
-    spots = [divmod(target, cols) for target in targets]
-    return [
-        min(abs(row - t_row) + abs(col - t_col) for t_row, t_col in spots)
-        for row, col in (divmod(cell, cols) for cell in range(size))
-    ]
+def drift(
+    floor: list[bool], cols: int, boxes: set[int], player: int, displacement: int,
+    rng: np.random.Generator,
+) -> int:
+    """Where the player stands after its random drift (step 4 of the module docstring)."""
+    chance = DRIFT_IF_ONE_AWAY if displacement == 1 else DRIFT
+    if rng.random() > chance:
+        return player
+    visited = [player]
+    for step in range(1, DRIFT_MAX_STEPS + 1):
+        options = [player + delta for delta in (-cols, cols, -1, 1)]
+        options = [cell for cell in options
+                   if floor[cell] and cell not in boxes and cell not in visited]
+        if not options:
+            break
+        player = options[int(rng.integers(len(options)))]
+        visited.append(player)
+        if step >= DRIFT_MAX_STEPS or rng.random() > DRIFT_GO_ON:
+            break
+    return player

@@ -1,10 +1,13 @@
 """One turn of an agent's chat: the user message in ROLL's agentic format, the request body,
 and the reply read back into a `Turn` (text, token ids, logprobs, weight version).
 
-The conversation of an episode lives in its `StepContext.scratch`: the system message (the
-tag's `agent_system_template`, a newline, the env's instruction), then per turn the user
-message (`agent_template` filled with `turn_idx`, `observation`, `actions_left`,
-`max_response_length`) and the assistant's reply as the server sent it.
+The conversation of an episode lives in its `StepContext.scratch`, placed as ROLL's
+TrajEnvManager places it (roll/pipeline/agentic/env_manager/traj_env_manager.py at
+8eb27cc2): the system message is the tag's `agent_system_template` alone; each turn adds the
+user message (`agent_template` filled with `turn_idx`, `observation`, `actions_left`,
+`max_response_length`; the first one opens with the env's instruction and a newline) and the
+assistant's reply as the server sent it. An env that builds its own chat, as ROLL's native
+envs do (`system_prompt()`, `user_prompt(observation, turn)`), gives both messages itself.
 """
 
 from __future__ import annotations
@@ -25,19 +28,25 @@ def messages_for_turn(ctx: StepContext, observation: Any, prompt: AgentPrompt,
                       max_tokens: int) -> list[dict[str, str]]:
     """The episode's conversation with this turn's user message appended."""
     env = ctx.env.unwrapped
+    native = callable(getattr(env, "user_prompt", None))
     messages: list[dict[str, str]] | None = ctx.scratch.get(CHAT_KEY)
     if messages is None:
-        instruction = getattr(env, "instruction", "")
-        system = f"{prompt.system_template}\n{instruction}" if instruction else \
-            prompt.system_template
+        system = env.system_prompt() if native else prompt.system_template
         messages = ctx.scratch[CHAT_KEY] = [{"role": "system", "content": system}]
-    max_steps = getattr(env, "max_steps", None)
-    if max_steps is None and ctx.env.spec is not None:
-        max_steps = ctx.env.spec.max_episode_steps
-    actions_left = max(int(max_steps) - ctx.turn, 0) if max_steps else "unknown"
-    messages.append({"role": "user", "content": prompt.template.format(
-        turn_idx=ctx.turn + 1, observation=observation, actions_left=actions_left,
-        max_response_length=max_tokens)})
+    if native:
+        content = env.user_prompt(observation, ctx.turn)
+    else:
+        max_steps = getattr(env, "max_steps", None)
+        if max_steps is None and ctx.env.spec is not None:
+            max_steps = ctx.env.spec.max_episode_steps
+        actions_left = max(int(max_steps) - ctx.turn, 0) if max_steps else "unknown"
+        content = prompt.template.format(
+            turn_idx=ctx.turn + 1, observation=observation, actions_left=actions_left,
+            max_response_length=max_tokens)
+        instruction = getattr(env, "instruction", "") if ctx.turn == 0 else ""
+        if instruction:
+            content = f"{instruction}\n{content}"
+    messages.append({"role": "user", "content": content})
     return messages
 
 
