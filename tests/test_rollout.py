@@ -833,24 +833,27 @@ def test_fair_share_leaves_no_shard_to_nobody():
 
 def test_a_long_ttl_producer_is_live_between_its_beats_whatever_ttl_the_reader_has(r, run,
                                                                                   redis_url):
-    """Liveness by each producer's own ttl: a producer on 2 s that beat 0.6 s ago is live for
-    a producer on 0.2 s (its live count, hence its fair share) and for `status` read with a
-    0.2 s config. Judged by the reader's ttl it showed as gone between its beats."""
+    """Liveness by each producer's own ttl: a producer on 3 s that beat 0.7 s ago is live for
+    a producer on 0.6 s (its live count, hence its fair share) and for `status` read with a
+    0.6 s config. Judged by the reader's ttl it showed as gone between its beats.
+
+    (The fast one's ttl is what this process has to look within after its beat, the slow
+    one's what the whole test has: 0.2 s and 2 s were short for a loaded machine.)"""
     async def beats() -> int:
         client = await async_client(redis_url)
-        slow = Leases(client, Keys(run), "slow", ttl_s=2.0)
-        fast = Leases(client, Keys(run), "fast", ttl_s=0.2)
+        slow = Leases(client, Keys(run), "slow", ttl_s=3.0)
+        fast = Leases(client, Keys(run), "fast", ttl_s=0.6)
         await slow.heartbeat([])
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.7)  # longer than the fast one's ttl
         live = (await fast.heartbeat([])).live
         await client.aclose()
         return live
 
     assert asyncio.run(beats()) == 2
     assert set(live_producers(r, Keys(run))) == {"slow", "fast"}
-    snap = snapshot(r, Keys(run), small_config(lease_ttl_s=0.2))
+    snap = snapshot(r, Keys(run), small_config(lease_ttl_s=0.6))
     assert {p["id"]: p["state"] for p in snap["producers"]} == {"slow": "live", "fast": "live"}
-    time.sleep(0.3)  # the fast one's heartbeat has expired, the slow one's has not
+    time.sleep(0.7)  # the fast one's heartbeat has expired, the slow one's has not
     assert set(live_producers(r, Keys(run))) == {"slow"}
 
 
