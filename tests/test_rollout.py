@@ -821,6 +821,18 @@ def test_what_a_capped_producer_leaves_falls_to_the_others(r, run, producer_thre
                          free.producer.producer_id.encode(): 4}
 
 
+def test_seconds_ends_a_producer_on_time_not_at_its_next_lease_beat(r, run, producer_thread):
+    """The lease loop looked at `seconds` only once per beat (a third of the lease ttl): with
+    a 30 s ttl a producer given 1 s ran 10 s (bench_scale's big producer, 19 s)."""
+    config = small_config(lease_ttl_s=30.0)
+    Batcher(r, config, run=run)
+    started = time.monotonic()
+    thread = producer_thread(seconds=1.0)
+    thread.thread.join(30)
+    assert not thread.thread.is_alive() and thread.result == [0]
+    assert 1.0 <= time.monotonic() - started < 8  # a beat would have been 10 s
+
+
 def test_fair_share_leaves_no_shard_to_nobody():
     assert fair_share(64, [None, None], None) == 32  # ceil(shards / live)
     assert fair_share(5, [None, None, None], None) == 2
