@@ -166,14 +166,14 @@ def test_ctrl_c_on_a_trainer_that_ignores_every_signal_is_still_130(monkeypatch,
     """The trainer ignores SIGINT and SIGTERM, so `up` ends it with SIGKILL: `up` said 137
     (the trainer's death) where Ctrl+C promises 130, and called the trainer a producer.
 
-    The Ctrl+C comes as `up` waits on the trainer (in its `wait`), not from a timer: a
-    timer's signal lands in whatever the main thread runs then, and in a long pytest run
-    that can be a garbage collection running a finalizer, where Python drops the
-    KeyboardInterrupt ("Exception ignored in ..."); the wait then went on to the trainer's
-    own end, past the test's timeout."""
+    It runs `_wait_trainer` under `interrupt_signals()`, as `up` does: pytest started as a
+    background job (`&` in a script) inherits SIGINT ignored, the test's Ctrl+C went
+    nowhere and the wait went on to the trainer's own end, past the test's timeout. And the
+    Ctrl+C comes as `up` waits on the trainer (in its `wait`), not from a timer: a timer's
+    signal lands in whatever the main thread runs then, a garbage collection's finalizer
+    included, where Python drops the KeyboardInterrupt ("Exception ignored in ...")."""
     from rollstream import launcher
 
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     monkeypatch.setattr(launcher, "TRAINER_STOP_S", 0.5)
     monkeypatch.setattr(launcher, "STOP_S", 0.5)  # for SIGTERM, which it ignores too
     stubborn = subprocess.Popen(
@@ -193,7 +193,8 @@ def test_ctrl_c_on_a_trainer_that_ignores_every_signal_is_still_130(monkeypatch,
     real_wait, stubborn.wait = stubborn.wait, wait  # type: ignore[method-assign]
     try:
         assert stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"
-        with caplog.at_level("WARNING", logger="rollstream.launcher"):
+        with caplog.at_level("WARNING", logger="rollstream.launcher"), \
+                launcher.interrupt_signals():
             assert launcher._wait_trainer(stubborn, []) == 130
         assert f"trainer pid {stubborn.pid} ignored SIGTERM; killing it" in caplog.text
     finally:
