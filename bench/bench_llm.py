@@ -72,10 +72,11 @@ def server_stats(base_url: str) -> dict[str, Any]:
         return json.loads(resp.read())
 
 
-def bench_config(base_url: str) -> RolloutConfig:
+def bench_config(base_url: str, groups: int = 128) -> RolloutConfig:
     return RolloutConfig.from_dict({
-        "rollout_batch_size": 1024, "async_generation_ratio": 1, "seed": 42,
-        "train_env_manager": SEED_BLOCK,
+        "rollout_batch_size": groups * 8, "async_generation_ratio": 1, "seed": 42,
+        "train_env_manager": {**SEED_BLOCK, "num_env_groups": groups,
+                              "num_groups_partition": [groups]},
         "policy": {"type": "openai", "base_urls": [base_url], "model": MODEL,
                    "max_tokens": 128, "max_inflight": 1024, "timeout_s": 120},
     })
@@ -85,7 +86,7 @@ def pipeline(args: argparse.Namespace, url: str) -> None:
     server, base_url = start_server(args)
     client = redis.Redis.from_url(url, socket_timeout=60)
     run = f"bench-llm-{os.getpid()}"
-    batcher = Batcher(client, bench_config(base_url), run=run)
+    batcher = Batcher(client, bench_config(base_url, args.groups), run=run)
     procs = start_producers(url, run, 1, "WARNING")
     producer = procs[0]
     try:
@@ -108,8 +109,8 @@ def pipeline(args: argparse.Namespace, url: str) -> None:
         server_ms = (cpu_s(server.pid) - cpu0[1]) / turns * 1000
         trainer_ms = (time.process_time() - cpu0[2]) / turns * 1000
         tokens = batch.turn_tokens()
-        print(f"openai policy, 1 producer, 1024 envs, server latency median {args.latency_s}s "
-              f"sigma {args.latency_sigma}: {turns / elapsed:.0f} turns/s, "
+        print(f"openai policy, 1 producer, {args.groups * 8} envs, server latency median "
+              f"{args.latency_s}s sigma {args.latency_sigma}: {turns / elapsed:.0f} turns/s, "
               f"{trajs / elapsed:.0f} traj/s delivered over {elapsed:.1f}s")
         print(f"  CPU per turn: producer {producer_ms:.3f} ms, stand-in server "
               f"{server_ms:.3f} ms, trainer (batcher) {trainer_ms:.3f} ms")
@@ -207,6 +208,8 @@ def main() -> None:
                         help="median latency of the stand-in server")
     parser.add_argument("--latency-sigma", type=float, default=0.5)
     parser.add_argument("--warmup-batches", type=int, default=2)
+    parser.add_argument("--groups", type=int, default=128,
+                        help="train groups of 8 envs, a batch of all of them (the tests: few)")
     parser.add_argument("--redis-url", default=None, help="default: an embedded server")
     parser.add_argument("--compare-clients", action="store_true",
                         help="measure the bare HTTP clients instead")

@@ -53,8 +53,8 @@ def make_config(envs: int, args: argparse.Namespace, batch: int | None = None,
 
 def throughput(url: str, producers: int, args: argparse.Namespace) -> float:
     # batches of half the envs, ratio 2: the trainer never waits on the slowest episode of
-    # all 4096, so what is measured is how fast the producers play
-    config = make_config(4096, args, batch=2048, ratio=2)
+    # all the envs, so what is measured is how fast the producers play
+    config = make_config(args.envs, args, batch=args.envs // 2, ratio=2)
     run = f"bench-scale-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(url, socket_timeout=60)
     batcher = Batcher(client, config, run=run)
@@ -137,8 +137,8 @@ def big_producer(url: str, args: argparse.Namespace) -> dict[str, float]:
     try:
         deadline = time.monotonic() + args.seconds * 2 + 60
         while child.poll() is None and time.monotonic() < deadline:
-            try:
-                batch = batcher.get_batch("train", timeout_s=5)
+            try:  # short waits: the child's end is seen within a second, not a 5 s wait
+                batch = batcher.get_batch("train", timeout_s=1)
                 batcher.ack(batch)
                 batcher.publish_version()
             except Exception:  # noqa: BLE001 - the child decides when the run ends
@@ -157,17 +157,18 @@ def big_producer(url: str, args: argparse.Namespace) -> dict[str, float]:
 def redis_memory_per_trajectory(url: str, args: argparse.Namespace) -> tuple[float, int]:
     """Let producers fill the streams with nobody reading: bytes of Redis memory per
     trajectory waiting there."""
-    config = make_config(4096, args, batch=4096)
+    config = make_config(args.envs, args, batch=args.envs)
     run = f"bench-mem-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(url, socket_timeout=60)
     Batcher(client, config, run=run)
     before = int(client.info("memory")["used_memory"])
     procs = start_producers(url, run, 2, "WARNING")
     try:
-        streams = [f"{{{run}}}:traj:train:{g}" for g in range(512)]
+        streams = [f"{{{run}}}:traj:train:{g}" for g in range(args.envs // 8)]
         entries = 0
         deadline = time.monotonic() + args.seconds * 2
-        while time.monotonic() < deadline and entries < 8000:  # async 1: 2 episodes per env
+        # async 1: 2 episodes per env
+        while time.monotonic() < deadline and entries < args.envs * 2 - 192:
             time.sleep(0.5)
             pipe = client.pipeline(transaction=False)
             for stream in streams:
@@ -189,6 +190,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--counts", default="1,2,4,8", help="producer counts to measure")
     parser.add_argument("--big-envs", type=int, default=16384)
+    parser.add_argument("--envs", type=int, default=4096,
+                        help="envs of parts 1 and 3 (a multiple of 64; the tests: few)")
     parser.add_argument("--latency-s", type=float, default=0.05)
     parser.add_argument("--latency-sigma", type=float, default=1.0)
     parser.add_argument("--redis-url", default=None, help="default: an embedded server")
@@ -197,12 +200,12 @@ def main() -> None:
         url = args.redis_url or server.url
         print(f"random policy, latency {args.latency_s} s x exp({args.latency_sigma} z) per "
               f"action, FrozenLake, {os.cpu_count()} CPUs; throughput: async ratio 2, batches "
-              "of 2048")
+              f"of {args.envs // 2}")
         base = None
         for count in [int(c) for c in args.counts.split(",") if c]:
             rate = throughput(url, count, args)
             base = base or rate
-            print(f"  4096 envs, {count} producer(s): {rate:8.0f} traj/s  "
+            print(f"  {args.envs} envs, {count} producer(s): {rate:8.0f} traj/s  "
                   f"({rate / base:.2f}x one producer)", flush=True)
         big = big_producer(url, args)
         print(f"  one producer, {args.big_envs} envs: {big['kb_per_env']:.1f} KB per env "

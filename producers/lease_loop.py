@@ -93,6 +93,8 @@ class LeaseLoop:
             # there are simply more producers than shards)
             self._short_streak = self._short_streak + 1 if short else 0
             wait_s = SHORT_RECHECK_S * 2 ** (self._short_streak - 1) if short else interval
+            if self.life.deadline is not None:  # `seconds` ends it then, not at the next beat
+                wait_s = min(wait_s, max(0.0, self.life.deadline - time.monotonic()))
             await self._wait_rebalance(min(interval, wait_s))
 
     @staticmethod

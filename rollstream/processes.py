@@ -86,13 +86,17 @@ def child_env(url: str, run: str, pythonpath: Sequence[str] = ()) -> dict[str, s
     return env
 
 
-def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 15.0,
+STOP_S = 15.0  # after SIGTERM, a process's time to exit before `stop_processes` SIGKILLs it
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float | None = None,
                    what: str = "producer") -> list[int]:
-    """SIGTERM each, wait, then SIGKILL what is left. Returns the exit codes."""
+    """SIGTERM each, wait (`STOP_S` unless given), then SIGKILL what is left. Returns the exit
+    codes."""
     for proc in procs:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + (STOP_S if timeout_s is None else timeout_s)
     for proc in procs:
         try:
             proc.wait(max(0.1, deadline - time.monotonic()))

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import os
+import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,32 +84,88 @@ class ProducerThread:
         return self.result[0]
 
 
+def ephemeral_ports() -> range:
+    """The ports the kernel picks by itself: for every outgoing connection and every bind to
+    port 0, of any process on this machine (Linux's setting, else the widest default)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 65535
+    return range(low, high + 1)
+
+
+PORT_TRIES = 5  # starts of a server on fresh ports when its port was taken meanwhile
+PORT_TAKEN = "Address already in use"  # what redis-server logs then (bind: ...)
+FIRST_PORT = 10_000  # free_port() stays above the usual services' ports
+_picked: set[int] = set()  # ports free_port() gave out in this process: never twice
+# not the `random` module: a test may seed that, and two suites on one machine would then
+# try the same ports in the same order
+_picker = random.SystemRandom()
+
+
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on loopback that nothing listens on right now, for a server started next.
+
+    Never one of `ephemeral_ports()` (what a bind to port 0 gave before): such a port, once
+    the probe closes, is the kernel's to give to the next bind to port 0 or outgoing
+    connection of any process, and on a machine busy with other test runs (their servers
+    on port 0) one took it before the redis-server meant for it bound it (`bind: Address
+    already in use`). Outside that range only a process that names the port takes it;
+    a start that finds it taken retries on a fresh one (`redis_servers.Node.wait_ready`,
+    `password_redis`)."""
+    ephemeral = ephemeral_ports()
+    pool = [*range(FIRST_PORT, ephemeral.start), *range(ephemeral.stop, 65536)]
+    for _ in range(200):
+        port = _picker.choice(pool)
+        if port in _picked:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use
+                continue
+        _picked.add(port)
+        return port
+    raise AssertionError(f"no free port outside {ephemeral} in 200 tries")
 
 
 @contextmanager
 def password_redis(folder: Path, password: str, *, appendonly: bool = False) -> Iterator[int]:
     """A redis-server on loopback that wants `password` (AOF with an fsync per write when
-    `appendonly`, as compose runs it); yields its port, stops it after."""
+    `appendonly`, as compose runs it); yields its port, stops it after. A port taken between
+    `free_port()` and the server's bind is given up for another."""
     from rollstream.embedded import find_redis_server
 
-    port = free_port()
     aof = ["--appendonly", "yes", "--appendfsync", "always"] if appendonly else []
-    proc = subprocess.Popen([find_redis_server(), "--port", str(port), "--bind", "127.0.0.1",
-                             "--requirepass", password, *aof, "--save", "", "--dir",
-                             str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, password=password)
-    try:
-        wait_for(lambda: _pings(client), timeout_s=10, what="redis-server")
-        yield port
-    finally:
-        client.close()
-        proc.terminate()
-        proc.wait(10)
+    for _ in range(PORT_TRIES):
+        port = free_port()
+        log = tempfile.TemporaryFile()
+        proc = subprocess.Popen([find_redis_server(), "--port", str(port), "--bind",
+                                 "127.0.0.1", "--requirepass", password, *aof, "--save", "",
+                                 "--dir", str(folder)], stdout=log, stderr=subprocess.STDOUT)
+        client = redis.Redis(port=port, password=password)
+        try:
+            wait_for(functools.partial(_started, proc, client), timeout_s=10,
+                     what="redis-server")
+            if proc.poll() is None:
+                yield port
+                return
+            log.seek(0)
+            said = log.read().decode(errors="replace")
+            if PORT_TAKEN not in said:
+                raise AssertionError(f"redis-server exited at start: {said[-400:]}")
+        finally:
+            client.close()
+            log.close()
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+    raise AssertionError(f"redis-server found {PORT_TRIES} free ports taken at its start")
+
+
+def _started(proc: subprocess.Popen, client: redis.Redis) -> bool:
+    """The server answers, or has exited."""
+    return proc.poll() is not None or _pings(client)
 
 
 def _pings(client: redis.Redis) -> bool:

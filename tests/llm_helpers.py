@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from helpers import small_config
+from helpers import PORT_TRIES, free_port, small_config
 
 from rollstream.fake_llm import FakeLLMOptions, FakeLLMServer
 from schemas.config import RolloutConfig
@@ -18,11 +19,23 @@ MODEL = "fake-model"
 
 def fake_llm_factory() -> Iterator[Callable[..., FakeLLMServer]]:
     """Fixture body: `start(**options)` starts a stand-in server on a thread; all are
-    stopped at teardown. Use as `fake_llm = pytest.fixture(fake_llm_factory)`."""
+    stopped at teardown. Use as `fake_llm = pytest.fixture(fake_llm_factory)`.
+
+    Each listens on a `free_port()`, not on port 0: a test stops a server and starts it
+    again on its port (a server that comes back), or keeps its URL as one that refuses, and
+    a port from the kernel's ephemeral range is another process's for the taking meanwhile."""
     started: list[FakeLLMServer] = []
 
     def start(**options: Any) -> FakeLLMServer:
-        server = FakeLLMServer(FakeLLMOptions(**options)).start()
+        for _ in range(PORT_TRIES - 1):
+            try:
+                server = FakeLLMServer(FakeLLMOptions(**options), port=free_port()).start()
+                break
+            except OSError as exc:  # the port was taken after free_port() looked
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+        else:
+            server = FakeLLMServer(FakeLLMOptions(**options), port=free_port()).start()
         started.append(server)
         return server
 

@@ -26,9 +26,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
-from helpers import free_port
+from helpers import PORT_TAKEN, PORT_TRIES, free_port
 
 from rollstream.embedded import spawn
 
@@ -83,15 +84,22 @@ def wait_replicas(primary: Node, count: int, timeout_s: float = 30.0) -> None:
 
 
 
+class PortTaken(RuntimeError):
+    """A server could not bind its port: another process took it after `free_port()`."""
+
+
 @dataclass
 class Node:
-    """One redis-server process on a loopback port."""
+    """One redis-server process on a loopback port (`port`, and `bus_port` for a cluster
+    node's bus). A sentinel's `sentinel_conf` is its config file past port and folder."""
 
     binary: str
-    port: int
     folder: str
     args: list[str]
     starter: ThreadPoolExecutor
+    port: int = field(default_factory=free_port)
+    bus_port: int | None = None
+    sentinel_conf: str | None = None
     process: subprocess.Popen | None = None
     password: str | None = None  # requirepass, for its clients here
 
@@ -100,13 +108,20 @@ class Node:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        if self.args[:1] == ["--sentinel"]:
-            cmd = [self.binary, os.path.join(self.folder, "sentinel.conf"), "--sentinel"]
+        """Start the process; `wait_ready()` then waits until it answers."""
+        if self.sentinel_conf is not None:
+            conf = os.path.join(self.folder, "sentinel.conf")
+            if not os.path.exists(conf):  # a sentinel rewrites its own file as it learns
+                Path(conf).write_text(
+                    f"port {self.port}\nbind 127.0.0.1\ndir {self.folder}\n"
+                    f"logfile {os.path.join(self.folder, 'redis.log')}\n{self.sentinel_conf}")
+            cmd = [self.binary, conf, "--sentinel"]
         else:
+            bus = [] if self.bus_port is None else ["--cluster-port", str(self.bus_port)]
             cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
                    self.folder, "--logfile", os.path.join(self.folder, "redis.log"),
                    "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0",
-                   *self.args]
+                   *bus, *self.args]
         self.process = self.starter.submit(
             spawn, cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).result()
 
@@ -117,6 +132,25 @@ class Node:
                            socket_connect_timeout=1, **options)  # type: ignore[arg-type]
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
+        """Until the started server answers. One that exited because another process took
+        its port in the meantime (`free_port()` picks it free, the server binds it a moment
+        later; a restarted node's port was free for as long as it was down) is started
+        again on fresh ports: a cluster node's peers learn its new address from its gossip,
+        a replica's primary and the sentinels from its REPLICAOF, as when a host moves."""
+        for _ in range(PORT_TRIES - 1):
+            try:
+                self._wait_answer(timeout_s)
+                return
+            except PortTaken:
+                self.port = free_port()
+                if self.bus_port is not None:
+                    self.bus_port = free_port()
+                if self.sentinel_conf is not None:
+                    os.remove(os.path.join(self.folder, "sentinel.conf"))
+                self.start()
+        self._wait_answer(timeout_s)
+
+    def _wait_answer(self, timeout_s: float) -> None:
         client = self.client()
         try:
             deadline = time.monotonic() + timeout_s
@@ -126,12 +160,14 @@ class Node:
                 try:
                     client.ping()
                     return
-                except redis.ConnectionError:
+                except (redis.ConnectionError, redis.TimeoutError):  # (another's listener)
                     time.sleep(0.02)
         finally:
             client.close()
         log = Path(self.folder, "redis.log")
         tail = log.read_text(errors="replace")[-400:] if log.exists() else ""
+        if PORT_TAKEN in tail.rsplit("Server initialized", 1)[-1]:
+            raise PortTaken(f"redis-server on port {self.port}: {tail.strip()[-200:]}")
         raise RuntimeError(f"redis-server on port {self.port} did not start: {tail}")
 
     def kill(self) -> None:
@@ -154,12 +190,11 @@ class _Servers:
     starter: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="redis-starter"))
 
-    def add(self, args: list[str], port: int | None = None,
-            folder: str | None = None) -> Node:
-        port = port or free_port()
-        folder = folder or os.path.join(self.root, str(port))
-        os.makedirs(folder, exist_ok=True)
-        node = Node(self.binary, port, folder, args, self.starter)
+    def add(self, args: list[str], **fields: Any) -> Node:
+        """Start a node in a folder of its own (`wait_ready()` it next)."""
+        folder = os.path.join(self.root, f"node-{len(self.nodes)}")
+        os.makedirs(folder)
+        node = Node(self.binary, folder, args, self.starter, **fields)
         self.nodes.append(node)
         node.start()
         return node
@@ -186,7 +221,6 @@ class LocalCluster:
         if found is None:
             raise RuntimeError("no redis-server 7.0+ on PATH")
         self._servers = _Servers(found)
-        self._bus: dict[int, int] = {}  # port -> cluster bus port
 
     @property
     def nodes(self) -> list[Node]:
@@ -202,15 +236,13 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         try:
             for _ in range(self.masters * (1 + self.replicas)):
-                bus = free_port()
-                node = self._servers.add([
-                    "--cluster-enabled", "yes", "--cluster-port", str(bus),
+                self._servers.add([
+                    "--cluster-enabled", "yes",
                     "--cluster-node-timeout", str(self.node_timeout_ms),
                     "--cluster-config-file", "nodes.conf",
                     # a replica takes over however long ago it last heard its primary
                     "--cluster-replica-validity-factor", "0",
-                ])
-                self._bus[node.port] = bus
+                ], bus_port=free_port())
             for node in self.nodes:
                 node.wait_ready()
             self._create()
@@ -233,7 +265,7 @@ class LocalCluster:
         for node in self.nodes[1:]:
             with node.client() as client:
                 client.execute_command("CLUSTER", "MEET", "127.0.0.1", first.port,
-                                       self._bus[first.port])
+                                       first.bus_port)
         ids = {}
         for node in self.nodes:
             with node.client() as client:
@@ -399,13 +431,8 @@ class LocalSentinel:
         return self
 
     def _start_sentinel(self, primary: Node) -> Node:
-        port = free_port()
-        folder = os.path.join(self._servers.root, f"sentinel-{port}")
-        os.makedirs(folder)
         quorum = self.sentinel_count // 2 + 1
-        Path(folder, "sentinel.conf").write_text(
-            f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
-            f"logfile {os.path.join(folder, 'redis.log')}\n"
+        conf = (
             f"sentinel monitor {self.service} 127.0.0.1 {primary.port} {quorum}\n"
             f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
             f"sentinel failover-timeout {self.service} 10000\n"
@@ -413,8 +440,7 @@ class LocalSentinel:
             + (f"requirepass {self.sentinel_password}\n"
                f"sentinel sentinel-pass {self.sentinel_password}\n"
                if self.sentinel_password else ""))
-        node = self._servers.add(["--sentinel"], port=port, folder=folder)
-        node.password = self.sentinel_password
+        node = self._servers.add([], sentinel_conf=conf, password=self.sentinel_password)
         node.wait_ready()
         return node
 

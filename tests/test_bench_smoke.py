@@ -44,8 +44,8 @@ def test_bench_handoff_prints_percentiles():
 
 
 def test_bench_scale_prints_each_part():
-    out = bench("bench/bench_scale.py", "--seconds", "1", "--counts", "1", "--big-envs", "256",
-                "--latency-s", "0.005")
+    out = bench("bench/bench_scale.py", "--seconds", "1", "--counts", "1", "--envs", "256",
+                "--big-envs", "256", "--latency-s", "0.005")
     assert "1 producer(s)" in out and "event-loop lag" in out and "bytes" in out, out
 
 
@@ -58,7 +58,7 @@ def test_bench_valmix_prints_each_tag_and_the_round():
 
 def test_bench_llm_prints_turns_and_cpu_per_turn():
     out = bench("bench/bench_llm.py", "--seconds", "2", "--latency-s", "0.01",
-                "--warmup-batches", "0", timeout=240)
+                "--warmup-batches", "0", "--groups", "4", timeout=240)
     assert "turns/s" in out and "per turn" in out, out
 
 

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 
@@ -168,24 +167,40 @@ def test_plots_without_matplotlib_say_how_to_install_it(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_ctrl_c_on_a_trainer_that_ignores_every_signal_is_still_130(monkeypatch, caplog):
     """The trainer ignores SIGINT and SIGTERM, so `up` ends it with SIGKILL: `up` said 137
-    (the trainer's death) where Ctrl+C promises 130, and called the trainer a producer."""
-    from rollstream import launcher
+    (the trainer's death) where Ctrl+C promises 130, and called the trainer a producer.
+
+    It runs `_wait_trainer` under `interrupt_signals()`, as `up` does: pytest started as a
+    background job (`&` in a script) inherits SIGINT ignored, the test's Ctrl+C went
+    nowhere and the wait went on to the trainer's own end, past the test's timeout. And the
+    Ctrl+C comes as `up` waits on the trainer (in its `wait`), not from a timer: a timer's
+    signal lands in whatever the main thread runs then, a garbage collection's finalizer
+    included, where Python drops the KeyboardInterrupt ("Exception ignored in ...")."""
+    from rollstream import launcher, processes
 
     monkeypatch.setattr(launcher, "TRAINER_STOP_S", 0.5)
+    monkeypatch.setattr(processes, "STOP_S", 0.5)  # for SIGTERM, which it ignores too
     stubborn = subprocess.Popen(
         [sys.executable, "-c", "import signal, time\n"
          "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
          "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
          "print('ready', flush=True)\ntime.sleep(120)\n"],
         stdout=subprocess.PIPE, text=True, start_new_session=True)
+    waits: list[float | None] = []
+
+    def wait(timeout: float | None = None) -> int:
+        waits.append(timeout)
+        if len(waits) == 1:  # the terminal's Ctrl+C, to this process, as `up` waits
+            signal.raise_signal(signal.SIGINT)
+        return real_wait(timeout)
+
+    real_wait, stubborn.wait = stubborn.wait, wait  # type: ignore[method-assign]
     try:
         assert stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"
-        ctrl_c = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-        ctrl_c.start()
-        with caplog.at_level("WARNING", logger="rollstream.launcher"):
+        with caplog.at_level("WARNING", logger="rollstream.launcher"), \
+                launcher.interrupt_signals():
             assert launcher._wait_trainer(stubborn, []) == 130
         assert f"trainer pid {stubborn.pid} ignored SIGTERM; killing it" in caplog.text
     finally:
         if stubborn.poll() is None:
             stubborn.kill()
-        stubborn.wait()
+        real_wait()

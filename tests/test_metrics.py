@@ -329,18 +329,18 @@ def test_histogram_buckets_match_prometheus_clients_own():
 
 def busy_port_after_a_free_one() -> tuple[socket.socket, int]:
     """A listening socket on a port whose predecessor is free right now (for `up`, which
-    serves the trainer on P and producer 1 on P + 1)."""
+    serves the trainer on P and producer 1 on P + 1). The free one is a `free_port()`: one
+    next to a port the kernel picked is in its ephemeral range, where any process's
+    outgoing connection may take it before `up` binds it."""
     for _ in range(100):
+        port = free_port() + 1
         busy = socket.socket()
-        busy.bind(("127.0.0.1", 0))
+        try:
+            busy.bind(("127.0.0.1", port))
+        except OSError:
+            busy.close()
+            continue
         busy.listen()
-        port = busy.getsockname()[1]
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port - 1))
-            except OSError:
-                busy.close()
-                continue
         return busy, port
     raise AssertionError("no free port below a busy one in 100 tries")
 
