@@ -22,6 +22,7 @@ import redis as redis_lib
 
 from consumer.assembly import LOOK_EVERY_S, Assembly
 from consumer.batch import Batch
+from consumer.filters import FILTERED
 from consumer.handout import HandOut
 from consumer.liveness import Claims, Heartbeat
 from consumer.metrics import StateRecord
@@ -126,7 +127,16 @@ class BatchWait:
                 assembly.read(state, block_ms=None)
             deliverable = assembly.deliverable(state, wanted)
             stop_looked_at = 0.0
-            while state.ready_count < deliverable or assembly.awaits_publish(deliverable):
+            exhausted = False  # nothing more can reach this batcher before the version moves
+            while True:
+                if state.ready_count >= deliverable and not assembly.awaits_publish(deliverable):
+                    if not assembly.judge(state, deliverable):
+                        break  # the groups at the front are kept: hand them out
+                    # filtered groups left the step: others take their place, if any can come
+                    deliverable = assembly.deliverable(state, wanted)
+                    if exhausted:
+                        deliverable = min(deliverable, state.ready_count)
+                    continue
                 self._record.waiting(state, wanted, started)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -135,11 +145,13 @@ class BatchWait:
                     stop_looked_at = time.monotonic()
                     self._check_stopped(state)
                 if assembly.nothing_more(state):
+                    exhausted = True
                     deliverable = state.ready_count
                     if not assembly.awaits_publish(deliverable):
-                        break
+                        continue
                 # (min before int: timeout_s may be float("inf"), wait as long as it takes)
                 assembly.read(state, block_ms=max(1, int(min(self.block_ms, remaining * 1000))))
+                exhausted = False
                 if self._claims.due():
                     self._reclaim(state)
                 deliverable = assembly.deliverable(state, wanted)
@@ -171,25 +183,29 @@ class BatchWait:
 
     def _hand_out_short(self, state: ModeState, wanted: int, deliverable: int) -> None:
         failed = int(self._shared.totals["scheduler/failed_groups"])
+        filtered = int(state.counters.get(FILTERED, 0))  # since the mode's last batch
         if state.mode == "val":
+            why = (f"{filtered} filtered (group filters); the others " if filtered else "")
             if deliverable <= 0:
                 raise StepExhausted(
                     f"get_batch(mode='val') val round {state.round}: every group of the round "
-                    f"was dropped (a member failed; scheduler/failed_groups {failed} since this "
-                    "batcher started): the producers' log says why")
+                    f"was dropped ({why}a member failed; scheduler/failed_groups {failed} "
+                    "since this batcher started): the producers' log says why")
             logger.warning("val round %d: handing out %d of %d groups; the others were dropped "
-                           "(a member failed; the producers' log says why)", state.round,
-                           deliverable, wanted)
+                           "(%sa member failed; the producers' log says why)", state.round,
+                           deliverable, wanted, why)
             return
+        why = (f"{filtered} filtered by the group filters (over-sample to fill from others: "
+               "num_env_groups * group_size above rollout_batch_size); " if filtered else "")
         if deliverable <= 0:
             raise StepExhausted(
                 f"get_batch(mode='train') at version {self._shared.version}: no group can "
                 f"complete any more before the version moves (every episode admitted was "
-                f"committed, and each group was handed out or dropped; "
+                f"committed, and each group was handed out or dropped: {why}"
                 f"scheduler/failed_groups {failed}); publish_version to go on")
         logger.warning("version %d: handing out %d of %d groups; no other group can complete "
-                       "before the version moves (dropped: a member failed; or handed out "
-                       "already)", self._shared.version, deliverable, wanted)
+                       "before the version moves (%sdropped: a member failed; or handed out "
+                       "already)", self._shared.version, deliverable, wanted, why)
 
     def _timeout_message(self, state: ModeState, n: int, wanted: int, timeout_s: float) -> str:
         ready = state.ready_count
