@@ -54,12 +54,14 @@ class BatchWait:
         self._hand_out = hand_out
         self._publisher = publisher
         self._record = record
+        self._filtered_before = 0.0
 
     def get_batch(self, state: ModeState, n: int, wanted: int, timeout_s: float) -> Batch:
         """`Batcher.get_batch` once its arguments are checked: `wanted` groups (`n`
         trajectories) of `state`'s mode, within `timeout_s`."""
         started = time.monotonic()
         state.round_started = False
+        self._filtered_before = state.counters.get(FILTERED, 0)  # for a short batch's warning
         self._record.soon()  # write the waiting record at once
         stats = self._shared.stats
         stats.waiting[state.mode] = True
@@ -183,9 +185,8 @@ class BatchWait:
 
     def _hand_out_short(self, state: ModeState, wanted: int, deliverable: int) -> None:
         failed = int(self._shared.totals["scheduler/failed_groups"])
-        filtered = int(state.counters.get(FILTERED, 0))  # since the mode's last batch
+        why = self._filtered_note(state, wanted)
         if state.mode == "val":
-            why = (f"{filtered} filtered (group filters); the others " if filtered else "")
             if deliverable <= 0:
                 raise StepExhausted(
                     f"get_batch(mode='val') val round {state.round}: every group of the round "
@@ -195,8 +196,6 @@ class BatchWait:
                            "(%sa member failed; the producers' log says why)", state.round,
                            deliverable, wanted, why)
             return
-        why = (f"{filtered} filtered by the group filters (over-sample to fill from others: "
-               "num_env_groups * group_size above rollout_batch_size); " if filtered else "")
         if deliverable <= 0:
             raise StepExhausted(
                 f"get_batch(mode='train') at version {self._shared.version}: no group can "
@@ -206,6 +205,19 @@ class BatchWait:
         logger.warning("version %d: handing out %d of %d groups; no other group can complete "
                        "before the version moves (%sdropped: a member failed; or handed out "
                        "already)", self._shared.version, deliverable, wanted, why)
+
+    def _filtered_note(self, state: ModeState, wanted: int) -> str:
+        """A short batch's word on the groups the group filters dropped while it waited, and
+        when a step has no group to spare, how to give it some."""
+        filtered = int(state.counters.get(FILTERED, 0) - self._filtered_before)
+        if filtered <= 0:
+            return ""
+        note = f"{filtered} filtered by the group filters"
+        if state.mode == "train" and state.schedule.episodes_per_step * len(state.streams) \
+                <= wanted:
+            note += (" and a batch takes every group of a step: over-sample, num_env_groups * "
+                     "group_size above rollout_batch_size, to fill from others")
+        return note + "; "
 
     def _timeout_message(self, state: ModeState, n: int, wanted: int, timeout_s: float) -> str:
         ready = state.ready_count

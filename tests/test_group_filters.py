@@ -133,6 +133,20 @@ def test_a_step_without_enough_kept_groups_comes_short_with_a_warning(r, run, ca
     assert groups_of(batch) == [(0, 1), (0, 2), (0, 3)] and batch.metrics[FILTERED] == 1
     assert "handing out 3 of 4 groups" in caplog.text
     assert "1 filtered by the group filters" in caplog.text
+    assert "a batch takes every group of a step: over-sample" in caplog.text  # what to do
+    batcher.close()
+
+
+def test_an_over_sampled_step_with_too_few_kept_groups_comes_short_too(r, run, caplog):
+    config = small_config(rollout_batch_size=8, train_env_manager=STD)  # 2 of 4 groups
+    batcher = Batcher(r, config, run=run)
+    caplog.set_level("WARNING", logger="consumer")
+    for g, scores in enumerate((AGREE, ZERO, AGREE, MIXED)):
+        add_scored(r, run, g, 0, scores)
+    batch = batcher.get_batch("train", timeout_s=30)
+    assert groups_of(batch) == [(0, 3)] and batch.metrics[FILTERED] == 3
+    assert "handing out 1 of 2 groups" in caplog.text and "3 filtered" in caplog.text
+    assert "over-sample" not in caplog.text  # it does already
     batcher.close()
 
 
@@ -168,7 +182,8 @@ def test_async_fills_from_the_episodes_admitted_ahead_then_comes_short(r, run, c
     admitted_all(r, run, config, limit=2)  # and nothing else is admitted at version 0
     short = batcher.get_batch("train", timeout_s=10)
     assert groups_of(short) == [(1, 1)] and short.metrics[FILTERED] == 2
-    assert "handing out 1 of 4 groups" in caplog.text
+    assert "handing out 1 of 4 groups" in caplog.text and "2 filtered" in caplog.text
+    assert "over-sample" in caplog.text  # filling from the next step only moves the gap
     batcher.ack(short)
     assert pending(r, run, config) == 0 and sum(stream_lengths(r, Keys(run), config)) == 0
     batcher.close()
