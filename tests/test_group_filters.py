@@ -16,6 +16,7 @@ from helpers import (
     ROOT,
     add_trajectory,
     get_batch_in_thread,
+    publish,
     run_cli,
     small_config,
     stream_lengths,
@@ -207,6 +208,24 @@ def test_a_user_class_by_import_path_filters_by_its_own_rule(r, run, path, monke
     assert sorted(DropOddGroups.asked) == [("train", g, 0, [0, 1, 2, 3]) for g in range(4)]
     batcher.ack(batch)
     assert pending(r, run, config) == 0 and sum(stream_lengths(r, Keys(run), config)) == 0
+    batcher.close()
+
+
+def test_real_producers_over_sampled_fill_every_batch_with_kept_groups(r, run,
+                                                                       producer_thread):
+    """Producers play 8 groups a step, a batch takes 4, the class drops the odd ones: every
+    sync step's batch is the 4 even groups, whatever order the groups complete in."""
+    config = small_config(train_env_manager={
+        "num_env_groups": 8, "group_filter_cls": "group_filters.DropOddGroups"})
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    for step in range(3):
+        batch = batcher.get_batch("train", timeout_s=30)
+        assert groups_of(batch) == [(step, g) for g in (0, 2, 4, 6)]
+        assert batch.metrics[FILTERED] == batch.metrics[CLASS_COUNT] <= 4
+        batcher.ack(batch)
+        publish(batcher)
+    assert batcher.totals[FILTERED] <= 12  # odd groups judged before the evens were in
     batcher.close()
 
 
