@@ -8,8 +8,10 @@ over, a late copy (the group was handed out or dropped, or `group_size` finisher
 group with a member failed past its redundancy; an entry that does not decode goes to the
 dead letters. A complete group goes into its mode's ready heap, oldest episode first (a
 batch recorded in flight before a restart before anything). Held groups expire as the
-version moves. And, for get_batch's wait: how many groups can still complete, and whether
-nothing more can reach this batcher before the version moves.
+version moves. At hand-out the groups at the front of the heap are judged by the mode's group
+filters (consumer/filters.py), once each: a filtered group is dropped and counted, and the
+next complete group takes its place. And, for get_batch's wait: how many groups can still
+complete, and whether nothing more can reach this batcher before the version moves.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import time
 from typing import Any
 
 from consumer.batch import Entry
+from consumer.filters import FILTERED, REASON_COUNTERS, build_group_filters
 from consumer.liveness import Heartbeat
-from consumer.state import BatcherState, GroupSlot, ModeState
+from consumer.state import BatcherState, GroupKey, GroupSlot, ModeState
 from consumer.writes import Writer
 from schemas.codec import ENTRY_FIELD, decode_trajectory
 from schemas.config import RolloutConfig
@@ -52,6 +55,7 @@ class Assembly:
         self._repeats = Repeats(logger)  # a group failing every episode: not a line each
         self._stream_names = {(mode, g): keys.stream(mode, g) for mode in config.modes()
                               for g in range(config.manager(mode).num_env_groups)}
+        self.filters = build_group_filters(config)  # ConfigError: a class that cannot be built
 
     # -- reading and placing -----------------------------------------------------------------
     def read(self, state: ModeState, block_ms: int | None) -> None:
@@ -160,6 +164,46 @@ class Assembly:
     def _is_stale(self, state: ModeState, k: int, version_start: int) -> bool:
         schedule, version = state.schedule, self._shared.version
         return schedule.expired(k, version) or version - version_start > schedule.ratio
+
+    # -- group filters -----------------------------------------------------------------------
+    def judge(self, state: ModeState, needed: int) -> int:
+        """Judge the complete groups at the front of the ready heap, in hand-out order, until
+        `needed` kept ones lead it or it runs out; each group once (a batch recorded in flight
+        before a restart was judged when it went out: not again). A filtered group is dropped
+        (acked and deleted; a late copy of it is late) and counted. Returns how many were
+        filtered: the batch then needs others in their place."""
+        group_filter = self.filters[state.mode]
+        if not group_filter.active:
+            return 0
+        kept: list[tuple[int, int, int, GroupKey]] = []
+        filtered: list[GroupSlot] = []
+        try:
+            while len(kept) < needed and state.ready:
+                item = heapq.heappop(state.ready)
+                slot = state.groups.get(item[3])
+                if slot is None:
+                    continue  # dropped since (the heap keeps them lazily)
+                if not (slot.judged or slot.priority):
+                    _, k, g = slot.key
+                    group = [msg for _, (_, msg) in sorted(slot.members.items())]
+                    try:
+                        reason = group_filter.reason(g, k, group)
+                    except BaseException:
+                        kept.append(item)  # not judged: back into the heap as it was
+                        raise
+                    if reason is not None:
+                        filtered.append(slot)
+                        self._shared.count(state, FILTERED)
+                        self._shared.count(state, REASON_COUNTERS[reason])
+                        logger.debug("filtered group %s (%s)", slot.key, reason)
+                        continue
+                    slot.judged = True
+                kept.append(item)
+        finally:
+            for item in kept:
+                heapq.heappush(state.ready, item)
+            self.drop_groups(state, filtered, counter=None)
+        return len(filtered)
 
     # -- groups leaving ----------------------------------------------------------------------
     def forget_rounds(self, state: ModeState) -> None:

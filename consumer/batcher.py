@@ -12,7 +12,8 @@ timeout, `ack` and `publish_version` for `write_timeout_s`), and with `min_repli
 or a version publish returns only once replicas have it.
 
 `Batcher` is the public face; the work is done by its parts, each in its own module:
-`waiting` (one get_batch call), `assembly` (reading entries into groups, staleness),
+`waiting` (one get_batch call), `assembly` (reading entries into groups, staleness, the
+group filters of `filters` judging what a batch takes),
 `handout` (batches out, acks), `liveness` (the batcher's name, claims of a dead one's
 entries), `publishing` (config, versions, weights, pause, val rounds), `writes` (acks and
 deletes, dead letters, durable writes), `state` (what it holds), `metrics` (/metrics, status).

@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from consumer.batch import Batch, Entry, batch_metrics
+from consumer.filters import FILTERED
 from consumer.liveness import Heartbeat
 from consumer.publishing import Publisher
 from consumer.state import BatcherState, GroupKey, GroupSlot, ModeState
@@ -108,7 +109,7 @@ class HandOut:
         state.counters.clear()
         metrics = batch_metrics(trajs, self._shared.version, counters, wait_s)
         self._shared.stats.on_batch(state.mode, trajs, wait_s)
-        for name in ("scheduler/stale_dropped", "scheduler/failed_groups"):
+        for name in ("scheduler/stale_dropped", "scheduler/failed_groups", FILTERED):
             metrics.setdefault(name, 0.0)
         batch = Batch(state.mode, self._shared.version, trajs, entries, metrics, round=state.round)
         try:

@@ -17,6 +17,7 @@ from typing import Any
 
 import redis as redis_lib
 
+from consumer.filters import REASON_COUNTERS
 from consumer.state import BatcherState, ModeState
 from schemas.keys import CONSUMER_GROUP, Keys
 from schemas.liveness import live_producers
@@ -34,6 +35,8 @@ DROP_REASONS = {
     "scheduler/dead_lettered": "dead",
 }
 FAILED_GROUPS = "scheduler/failed_groups"
+# group filter counter -> the `reason` label of rollstream_groups_filtered_total
+FILTER_REASONS = {name: reason for reason, name in REASON_COUNTERS.items()}
 
 
 def batcher_record(batcher: BatcherState, mode: str, state: str, waited_s: float, wanted: int,
@@ -116,6 +119,11 @@ def batcher_families(batcher: BatcherState, redis: Any, keys: Keys) -> Iterator[
     yield counter("rollstream_groups_failed",
                   "Groups dropped because a member failed (the env kept raising)", ["mode"],
                   [((mode,), n) for (mode, name), n in counts if name == FAILED_GROUPS])
+    yield counter("rollstream_groups_filtered",
+                  "Complete groups the group filters dropped, by filter (std_filter, "
+                  "group_filter_cls)", ["mode", "reason"],
+                  [((mode, FILTER_REASONS[name]), n) for (mode, name), n in counts
+                   if name in FILTER_REASONS])
     yield histogram("rollstream_batch_wait_seconds", "Time get_batch took, per batch",
                     ["mode"], [((m,), h) for m, h in list(stats.wait.items())])
     yield histogram("rollstream_commit_to_delivery_seconds",

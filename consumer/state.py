@@ -35,6 +35,7 @@ class GroupSlot:
     failed: list[Entry] = field(default_factory=list)
     priority: bool = False  # part of a batch handed out before a restart: deliver first
     ready: bool = False  # complete, in its mode's ready heap
+    judged: bool = False  # kept by the group filters (judged once, at the queue's front)
     oldest_start: int = 2**62  # the oldest `version_start` among its members
 
     def entries(self) -> list[Entry]:

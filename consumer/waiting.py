@@ -22,6 +22,7 @@ import redis as redis_lib
 
 from consumer.assembly import LOOK_EVERY_S, Assembly
 from consumer.batch import Batch
+from consumer.filters import FILTERED
 from consumer.handout import HandOut
 from consumer.liveness import Claims, Heartbeat
 from consumer.metrics import StateRecord
@@ -53,12 +54,14 @@ class BatchWait:
         self._hand_out = hand_out
         self._publisher = publisher
         self._record = record
+        self._filtered_before = 0.0
 
     def get_batch(self, state: ModeState, n: int, wanted: int, timeout_s: float) -> Batch:
         """`Batcher.get_batch` once its arguments are checked: `wanted` groups (`n`
         trajectories) of `state`'s mode, within `timeout_s`."""
         started = time.monotonic()
         state.round_started = False
+        self._filtered_before = state.counters.get(FILTERED, 0)  # for a short batch's warning
         self._record.soon()  # write the waiting record at once
         stats = self._shared.stats
         stats.waiting[state.mode] = True
@@ -126,7 +129,16 @@ class BatchWait:
                 assembly.read(state, block_ms=None)
             deliverable = assembly.deliverable(state, wanted)
             stop_looked_at = 0.0
-            while state.ready_count < deliverable or assembly.awaits_publish(deliverable):
+            exhausted = False  # nothing more can reach this batcher before the version moves
+            while True:
+                if state.ready_count >= deliverable and not assembly.awaits_publish(deliverable):
+                    if not assembly.judge(state, deliverable):
+                        break  # the groups at the front are kept: hand them out
+                    # filtered groups left the step: others take their place, if any can come
+                    deliverable = assembly.deliverable(state, wanted)
+                    if exhausted:
+                        deliverable = min(deliverable, state.ready_count)
+                    continue
                 self._record.waiting(state, wanted, started)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -135,11 +147,13 @@ class BatchWait:
                     stop_looked_at = time.monotonic()
                     self._check_stopped(state)
                 if assembly.nothing_more(state):
+                    exhausted = True
                     deliverable = state.ready_count
                     if not assembly.awaits_publish(deliverable):
-                        break
+                        continue
                 # (min before int: timeout_s may be float("inf"), wait as long as it takes)
                 assembly.read(state, block_ms=max(1, int(min(self.block_ms, remaining * 1000))))
+                exhausted = False
                 if self._claims.due():
                     self._reclaim(state)
                 deliverable = assembly.deliverable(state, wanted)
@@ -171,25 +185,39 @@ class BatchWait:
 
     def _hand_out_short(self, state: ModeState, wanted: int, deliverable: int) -> None:
         failed = int(self._shared.totals["scheduler/failed_groups"])
+        why = self._filtered_note(state, wanted)
         if state.mode == "val":
             if deliverable <= 0:
                 raise StepExhausted(
                     f"get_batch(mode='val') val round {state.round}: every group of the round "
-                    f"was dropped (a member failed; scheduler/failed_groups {failed} since this "
-                    "batcher started): the producers' log says why")
+                    f"was dropped ({why}a member failed; scheduler/failed_groups {failed} "
+                    "since this batcher started): the producers' log says why")
             logger.warning("val round %d: handing out %d of %d groups; the others were dropped "
-                           "(a member failed; the producers' log says why)", state.round,
-                           deliverable, wanted)
+                           "(%sa member failed; the producers' log says why)", state.round,
+                           deliverable, wanted, why)
             return
         if deliverable <= 0:
             raise StepExhausted(
                 f"get_batch(mode='train') at version {self._shared.version}: no group can "
                 f"complete any more before the version moves (every episode admitted was "
-                f"committed, and each group was handed out or dropped; "
+                f"committed, and each group was handed out or dropped: {why}"
                 f"scheduler/failed_groups {failed}); publish_version to go on")
         logger.warning("version %d: handing out %d of %d groups; no other group can complete "
-                       "before the version moves (dropped: a member failed; or handed out "
-                       "already)", self._shared.version, deliverable, wanted)
+                       "before the version moves (%sdropped: a member failed; or handed out "
+                       "already)", self._shared.version, deliverable, wanted, why)
+
+    def _filtered_note(self, state: ModeState, wanted: int) -> str:
+        """A short batch's word on the groups the group filters dropped while it waited, and
+        when a step has no group to spare, how to give it some."""
+        filtered = int(state.counters.get(FILTERED, 0) - self._filtered_before)
+        if filtered <= 0:
+            return ""
+        note = f"{filtered} filtered by the group filters"
+        if state.mode == "train" and state.schedule.episodes_per_step * len(state.streams) \
+                <= wanted:
+            note += (" and a batch takes every group of a step: over-sample, num_env_groups * "
+                     "group_size above rollout_batch_size, to fill from others")
+        return note + "; "
 
     def _timeout_message(self, state: ModeState, n: int, wanted: int, timeout_s: float) -> str:
         ready = state.ready_count

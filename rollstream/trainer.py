@@ -85,7 +85,8 @@ class _StepWait:
         return BatchTimeout(
             f"no train batch in {self.timeout_s:g}s: {self.skipped} versions from "
             f"{self.first_version} on ended with no group left to complete (every one "
-            f"failed or expired; the producers' logs say why). The last wait: {exc}")
+            f"failed, expired or was filtered by the group filters; the producers' logs say "
+            f"why a group failed). The last wait: {exc}")
 
 
 def trainer_loop(batcher: Batcher, opts: UpOptions, progress: Progress) -> int:

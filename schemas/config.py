@@ -33,7 +33,7 @@ from schemas.envspec import DEFAULT_CUSTOM_ENVS
 from schemas.envtypes import pending_note
 from schemas.errors import ConfigError
 from schemas.keys import check_run_name
-from schemas.manager import EnvManagerConfig
+from schemas.manager import EnvManagerConfig, GroupFilterConfig
 from schemas.policy import (
     POLICY_TYPES,
     PolicyConfig,
@@ -218,7 +218,7 @@ class RolloutConfig(BaseModel):
         (`seed 42 -> 7`); empty when this config can take the run over."""
         out = []
         for name in self.RESUME_FIELDS:
-            old, new = getattr(published, name), getattr(self, name)
+            old, new = _episodes_of(getattr(published, name)), _episodes_of(getattr(self, name))
             if old != new:
                 out.append(f"{name} {_short(old)} -> {_short(new)}")
         return out
@@ -376,6 +376,15 @@ def resolve_run(cli_run: str | None, config: RolloutConfig | None = None) -> str
     if env_run:
         return check_run_name(env_run, "ROLLSTREAM_RUN")
     return config.run if config is not None else DEFAULT_RUN
+
+
+def _episodes_of(value: Any) -> Any:
+    """What of a resume field decides the episodes: an env manager without its group filters
+    (the trainer's choice of groups to train on; a run resumes across a change of them)."""
+    if isinstance(value, EnvManagerConfig):
+        return value.model_copy(update={"group_filter_cls": None,
+                                        "group_filter_config": GroupFilterConfig()})
+    return value
 
 
 def _short(value: Any) -> str:

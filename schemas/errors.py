@@ -30,6 +30,13 @@ class StepExhausted(BatchTimeout):
     once, e.g. to a trainer restarted between `ack` and `publish_version`)."""
 
 
+class GroupFilterError(RollstreamError):
+    """A group filter class (`group_filter_cls`) raised, or returned something that is not
+    True, False or None: `get_batch` raises it with one line naming the class; the group stays
+    pending, so a trainer started again with the filter fixed gets it (exit 1 from `train` and
+    `up`)."""
+
+
 class RedisSetupError(RollstreamError):
     """The Redis server could not be reached or started; the message names the URL."""
 

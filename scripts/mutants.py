@@ -36,6 +36,7 @@ OPS = "tests/test_operations.py"
 GEN = "tests/test_generation_control.py"
 CONN = "tests/test_redisconn.py"
 DEPLOY = "tests/test_deployments.py"
+FILTERS = "tests/test_group_filters.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -908,6 +909,52 @@ MUTANTS: tuple[Mutant, ...] = (
         "a server down for a timeout is checked with GET /models, not with a turn",
         ("tests/test_llm_pool.py::test_a_sigstopped_server_is_checked_with_get_models_not_with_"
          "turns",),
+    ),
+    Mutant(
+        "group-filter-judged-at-hand-out", "consumer/waiting.py",
+        "                    if not assembly.judge(state, deliverable):\n",
+        "                    if True:\n",
+        "the group filters judge the groups a batch is about to take: a filtered one is not "
+        "trained on",
+        (f"{FILTERS}::test_groups_whose_rewards_all_agree_are_filtered_counted_and_deleted",
+         f"{FILTERS}::test_a_user_class_by_import_path_filters_by_its_own_rule"),
+    ),
+    Mutant(
+        "group-filter-acks-and-deletes", "consumer/assembly.py",
+        "            self.drop_groups(state, filtered, counter=None)\n",
+        "            for slot in filtered:\n                state.finish(slot)\n",
+        "a filtered group's entries are acked and deleted at once, not left pending",
+        (f"{FILTERS}::test_groups_whose_rewards_all_agree_are_filtered_counted_and_deleted",),
+    ),
+    Mutant(
+        "group-filter-fills-from-others", "consumer/waiting.py",
+        "                    # filtered groups left the step: others take their place, if any "
+        "can come\n                    deliverable = assembly.deliverable(state, wanted)\n",
+        "                    deliverable = min(deliverable, state.ready_count)\n",
+        "a filtered group's place in the batch goes to another group of the step, waited for",
+        (f"{FILTERS}::test_the_batch_waits_for_other_groups_of_the_step_in_place_of_filtered_"
+         "ones",),
+    ),
+    Mutant(
+        "group-filter-inflight-not-judged-again", "consumer/assembly.py",
+        "                if not (slot.judged or slot.priority):\n",
+        "                if not slot.judged:\n",
+        "a batch handed out before a restart goes out again whole, not judged a second time",
+        (f"{FILTERS}::test_a_restart_mid_filter_loses_and_doubles_nothing",),
+    ),
+    Mutant(
+        "group-filter-error-keeps-the-group", "consumer/assembly.py",
+        "                        kept.append(item)  # not judged: back into the heap as it was\n",
+        "                        pass\n",
+        "a group whose filter raised stays ready: asked again, it is judged again, not lost",
+        (f"{FILTERS}::test_a_filter_that_raises_or_answers_garbage_stops_get_batch_in_one_line",),
+    ),
+    Mutant(
+        "group-filter-verdict-checked", "consumer/filters.py",
+        "        if isinstance(verdict, bool | np.bool_):\n            return bool(verdict)\n",
+        "        return bool(verdict)\n",
+        "a filter answering something but True, False or None stops the run in one line",
+        (f"{FILTERS}::test_a_filter_that_raises_or_answers_garbage_stops_get_batch_in_one_line",),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",

@@ -78,3 +78,9 @@ def test_bench_costs_prints_each_part():
                  "parts alone:"):
         assert part in out, out
     assert "us per trajectory" in out, out
+
+
+def test_bench_group_filters_prints_a_row_per_step_size():
+    out = bench("bench/bench_group_filters.py", "--steps", "2", "--groups", "4", "8")
+    rows = [line for line in out.splitlines() if line.startswith(("| 4 (1x)", "| 8 (2x)"))]
+    assert len(rows) == 2 and all(row.count("|") == 8 for row in rows), out

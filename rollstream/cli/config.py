@@ -43,6 +43,7 @@ def load_checked(path: str) -> RolloutConfig:
 
 def check(args: argparse.Namespace) -> int:
     config = load_checked(args.file)
+    _check_group_filters(args.file, config)
     _warn_python_policy(config)
     layout: dict = config.layout()
     location = _locate(args.redis_url, resolve_run(args.run, config)) if args.redis_url else None
@@ -64,6 +65,17 @@ def check(args: argparse.Namespace) -> int:
         run = resolve_run(args.run, config)
         print(f"run {run}: {location}{replica_note(config, location)}")
     return 0
+
+
+def _check_group_filters(path: str, config: RolloutConfig) -> None:
+    """A `group_filter_cls` that does not import or build here is an error (exit 2): the
+    trainer builds it, and this is where a trainer runs."""
+    from consumer.filters import build_group_filters
+
+    try:
+        build_group_filters(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _warn_python_policy(config: RolloutConfig) -> None:
