@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rollstream.cli import main as cli_main
 from schemas.config import RolloutConfig
@@ -267,3 +268,29 @@ def test_actor_infers_block_overrides_the_managers_as_in_roll(examples_copy):
                          "  val_temperature: 0\n").policy
     assert policy.sampling.val.temperature == 0.0  # the block's own key wins
     assert policy.sampling.source("val.temperature") == "policy.val_temperature"
+
+
+def test_config_show_says_where_each_sampling_value_came_from(examples_copy, capsys):
+    """`rollstream config show` prints, for train and val, each sampling value and its
+    source: here each manager's own generating_args, ROLL's defaults for what they leave
+    out, and the top-level sequence_length."""
+    example = examples_copy / "qwen2.5-0.5B-agentic" / "agent_val_frozen_lake.yaml"
+    mine = example.with_name("shown_agent_val_frozen_lake.yaml")
+    mine.write_text("defaults:\n  - agent_val_frozen_lake@_here_\n  - _self_\npolicy:\n"
+                    "  type: openai\n  base_urls: [http://127.0.0.1:8000/v1]\n",
+                    encoding="utf-8")
+    assert cli_main(["config", "show", str(mine)]) == 0
+    sampling = yaml.safe_load(capsys.readouterr().out)["policy"]["sampling"]
+    fields = ("temperature", "top_p", "top_k", "max_new_tokens", "stop",
+              "include_stop_str_in_output", "repetition_penalty")
+    for mode in ("train", "val"):
+        assert set(sampling[mode]) == set(fields)
+        for name in ("temperature", "top_p", "top_k", "max_new_tokens"):
+            assert sampling["sources"][f"{mode}.{name}"] == \
+                f"{mode}_env_manager.generating_args.{name}"
+        for name in ("stop", "include_stop_str_in_output", "repetition_penalty"):
+            assert sampling["sources"][f"{mode}.{name}"] == \
+                f"ROLL default: {mode}_env_manager.generating_args leaves it out"
+    assert (sampling["train"]["temperature"], sampling["val"]["temperature"]) == (0.99, 0.2)
+    assert sampling["sequence_length"] == 8192
+    assert sampling["sources"]["sequence_length"] == "sequence_length"
