@@ -187,3 +187,44 @@ def test_rolls_gem_game_example_sends_step_concat_prompts_with_no_system_message
         # 512 = max_tokens_per_step; sequence_length 12800
         assert sampled(body) == {"temperature": 1.0, "top_p": 1.0, "top_k": None,
                                  "max_tokens": 512, "stop": None, "repetition_penalty": None}
+
+
+# -- AgentNativeStepEnvManager: ROLL's native Sokoban ------------------------------------------
+def test_rolls_native_sokoban_example_sends_the_envs_own_chat(
+        fake_llm, examples, producer_thread, r: redis.Redis, run: str) -> None:
+    """agentic_val_sokoban_native.yaml: the env's messages (ROLL's SokobanNativeEnv: system =
+    its template, a blank line and the instruction; users "Here is the current state:" /
+    "Current state:", the grid, a blank line, the reminder); the tag's placeholder templates
+    go unused; one conversation per episode."""
+    from producers.envs import build_env
+    from producers.envs.sokoban_native import SUFFIX_FORMAT
+
+    server = fake_llm(p_good=0.5)
+    config = tiny(examples, "qwen2.5-0.5B-agentic/agentic_val_sokoban_native.yaml",
+                  server.base_url,
+                  "rollout_batch_size: 4\nval_batch_size: 4\n"
+                  "train_env_manager:\n  max_env_num_per_worker: 4\n  num_env_groups: 2\n"
+                  "  group_size: 2\n  num_groups_partition: [2]\n"
+                  "val_env_manager:\n  max_env_num_per_worker: 4\n  num_env_groups: 4\n"
+                  "  num_groups_partition: [4]\n")
+    env = build_env(config, "SokobanNativeEnv").unwrapped
+    reminder = SUFFIX_FORMAT.format(actions="Up, Down, Left, Right")
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    batch = batcher.get_batch(timeout_s=60)
+    multi = [t for t in batch.trajectories if t["num_actions"] >= 2]
+    assert multi, "an episode of two turns"
+    for traj in batch.trajectories:
+        last = traj["num_actions"] - 1
+        body = request_of(server, traj, last)
+        expected = [{"role": "system", "content": f"{SYSTEM}\n\n{env.instruction}"}]
+        for i, step in enumerate(traj["steps"]):
+            lead = "Here is the current state:" if i == 0 else "Current state:"
+            expected.append({"role": "user",
+                             "content": f"{lead}\n{step['observation']}\n\n{reminder}"})
+            if i < last:
+                expected.append({"role": "assistant", "content": step["response"]})
+        assert body["messages"] == expected
+        assert "placeholder" not in str(body["messages"])
+        assert sampled(body) == {"temperature": 0.99, "top_p": 0.99, "top_k": 100,
+                                 "max_tokens": 128, "stop": None, "repetition_penalty": None}
