@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 from helpers import small_config
-from llm_helpers import MODEL, fake_llm_factory
+from llm_helpers import MODEL, fake_llm_factory, llm_config
 
+from consumer import Batcher
 from producers.envs import build_env
 from producers.llm.sampling import for_turn
 from producers.policies import StepContext, make_policy
@@ -155,3 +156,29 @@ def test_a_prompt_at_sequence_length_ends_the_episode_with_no_half_turn(fake_llm
     assert str(full) == f"sequence_length {length} reached: the prompt has {length} tokens"
     assert ctx.scratch["chat"] == [ctx.scratch["chat"][0]]  # the system message alone
     assert len(server.requests) == 2  # not asked again
+
+
+def test_a_run_ends_episodes_where_sequence_length_is_reached(
+        fake_llm, producer_thread, r, run) -> None:
+    """FrozenLake through producers, Redis and the Batcher with sequence_length 480: the
+    stand-in's first prompt has 330 tokens and the second ~470, so an episode gets a second
+    turn capped at what is left (asked again with that cap), and ends truncated before its
+    third, with the turns it played; its group trains."""
+    server = fake_llm(latency_s=0.001)
+    length = 480
+    config = llm_config([server.base_url], policy={"sampling": {"sequence_length": length}})
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    batch = batcher.get_batch(timeout_s=60)
+    assert batch.metrics["scheduler/failed_groups"] == 0 and len(batch) == 16
+    for traj in batch.trajectories:
+        for step in traj["steps"]:
+            assert len(step["prompt_ids"]) + len(step["response_ids"]) <= length
+    ended = [t for t in batch.trajectories if "context_full" in t]
+    assert ended and batch.metrics["rollout/context_full"] == len(ended)
+    for traj in ended:
+        assert traj["context_full"].startswith(f"sequence_length {length} reached: the "
+                                               "prompt has ")
+        assert traj["truncated"] and not traj["terminated"] and traj["num_actions"] >= 1
+    # the second turns: capped at what sequence_length left of the 64 asked first
+    assert any(b["max_tokens"] < 64 for b in server.requests)
