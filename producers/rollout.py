@@ -182,6 +182,7 @@ async def play_episode(
         observation, info = await in_daemon_thread(env.reset, seed=env_seed)
     else:
         observation, info = env.reset(seed=env_seed)
+    ctx.info, ctx.steps = info, steps  # what a policy's prompt may show (its env manager's)
     while not (terminated or truncated):
         if control.generation != seen:
             seen = control.generation
@@ -223,6 +224,7 @@ async def play_episode(
         append(step)
         score += reward
         observation = next_obs
+        ctx.info = info
 
     wall_s = clock() - started
     traj = {

@@ -50,11 +50,15 @@ DEFAULT_AGENT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class AgentPrompt:
-    """What an LLM policy needs of a tag: its templates and its per-turn token budget."""
+    """What an LLM policy needs of a tag: its templates, its per-turn token budget, and how
+    ROLL's env manager of the tag builds each turn's prompt (`manager`: traj, step,
+    step_concat or agent_native; `history_length`: the step managers' window)."""
 
-    system_template: str
+    system_template: str | None  # None: no system message
     template: str
     max_tokens_per_step: int | None = None
+    manager: str = "traj"
+    history_length: int | None = None
 
 
 class EnvSpec(BaseModel):

@@ -1,8 +1,9 @@
 """Which of ROLL's env types, env managers and tools a config may use: the one list.
 
-Each entry is `supported` (producers run it today), `pending` (the config is accepted; the
-producer side still has to build it: the `what` says what) or `refused` (the config is
-refused with one line naming what it would need). A used tag's env type, env manager and
+Each entry is `supported` (producers run it; its `what` says what it needs beyond rollstream,
+checked in one line when the env is built), `pending` (the config is accepted; the producer
+side still has to build it: the `what` says what) or `refused` (the config is refused with one
+line naming what it would need). A used tag's env type, env manager and
 tools are checked here; unused `custom_envs` entries are never looked at (ROLL builds only the
 tags its env managers use).
 
@@ -32,15 +33,31 @@ class Support:
 
     status: Status
     kind: str  # what it is, for messages: "GEM game", "ROLL's Sokoban"
-    what: str = ""  # pending: the producer work left; refused: what it would need
+    what: str = ""  # supported: what it needs beyond rollstream (checked when built);
+    # pending: the producer work left; refused: what it would need
 
     @property
     def accepted(self) -> bool:
         return self.status != "refused"
 
 
+# ROLL's `gem` env types (made with `gem.make(env_type, ...)` in ROLL): GEM's registered ids,
+# by family prefix, and ROLL's own names. The env factory builds each by its env type; what
+# one needs beyond rollstream (a package, a dataset on disk, a word corpus) is checked when
+# it is built (`rollstream config check` builds one env of every tag), in one line.
+GEM_PREFIXES = ("game:", "rg:", "math:", "qa:", "logic:", "eval:", "code:")
+ROLL_GEM_TYPES = ("roll_math", "roll_qa", "roll_code")
+
+
+def is_gem_type(env_type: str) -> bool:
+    """Whether `env_type` is one of ROLL's `gem` env types (`game:GuessTheNumber-v0`,
+    `rg:letter_counting`, `roll_math`, ...)."""
+    return env_type in ROLL_GEM_TYPES or (env_type.startswith(GEM_PREFIXES)
+                                          and not env_type.endswith(":"))
+
+
 def _gem(kind: str, what: str) -> Support:
-    return Support("pending", kind, what)
+    return Support("supported", kind, what)
 
 
 _NO_DATA = "its dataset on disk (env_config.dataset_name)"
@@ -50,12 +67,10 @@ ENV_TYPES: dict[str, Support] = {
     "sokoban": Support("supported", "ROLL's Sokoban"),
     "frozen_lake": Support("supported", "ROLL's FrozenLake"),
     "frozenlake": Support("supported", "ROLL's FrozenLake"),
-    "sokoban_native_env": Support(
-        "pending", "ROLL's native-format Sokoban",
-        "the env factory's sokoban_native_env (its observation is the chat messages)"),
-    "roll_math": _gem("GEM math", "GEM math through gem-llm, with " + _NO_DATA),
-    "roll_qa": _gem("GEM QA", "GEM QA through gem-llm, with " + _NO_DATA),
-    "roll_code": _gem("GEM code", "GEM code through gem-llm, with " + _NO_DATA),
+    "sokoban_native_env": Support("supported", "ROLL's native-format Sokoban"),
+    "roll_math": _gem("GEM math", "math-verify (the reasoning extra) and " + _NO_DATA),
+    "roll_qa": _gem("GEM QA", _NO_DATA),
+    "roll_code": _gem("GEM code", _NO_DATA),
     "openenv": Support("pending", "OpenEnv env server",
                        "the env factory's OpenEnv client (env_config.base_urls)"),
     "webshop": Support("refused", "WebShop",
@@ -76,13 +91,14 @@ ENV_TYPES: dict[str, Support] = {
 
 # GEM ids by prefix (`game:GuessTheNumber-v0`, `rg:letter_counting`)
 ENV_TYPE_PREFIXES: dict[str, Support] = {
-    "game:": _gem("GEM game", "GEM games through gem-llm (Wordle and Hangman download word "
-                  "lists when built: offline they are refused)"),
-    "rg:": _gem("reasoning-gym task", "reasoning-gym tasks through reasoning-gym"),
-    "math:": _gem("GEM math", "GEM math through gem-llm, with " + _NO_DATA),
-    "qa:": _gem("GEM QA", "GEM QA through gem-llm, with " + _NO_DATA),
-    "logic:": _gem("GEM logic", "GEM logic tasks through gem-llm, with " + _NO_DATA),
-    "code:": _gem("GEM code", "GEM code through gem-llm, with " + _NO_DATA),
+    "game:": _gem("GEM game", "gem-llm 0.0.4 (the gem extra; Wordle and Hangman also need "
+                  "NLTK's words corpus on disk)"),
+    "rg:": _gem("reasoning-gym task", "reasoning-gym (the reasoning extra)"),
+    "math:": _gem("GEM math", "math-verify (the reasoning extra) and " + _NO_DATA),
+    "qa:": _gem("GEM QA", _NO_DATA),
+    "logic:": _gem("GEM logic", _NO_DATA),
+    "eval:": _gem("GEM eval set", _NO_DATA),
+    "code:": _gem("GEM code", _NO_DATA),
 }
 
 _ROLL_MANAGERS = "roll.pipeline.agentic.env_manager."
@@ -107,19 +123,15 @@ ENV_MANAGERS: dict[str, Manager] = {
         "traj", Support("supported", "TrajEnvManager"),
         ("observation", "turn_idx", "suffix", "actions_left", "max_response_length")),
     STEP_ENV_MANAGER: Manager(
-        "step", Support("pending", "StepEnvManager",
-                        "step-wise prompts with a history window (producer side)"),
+        "step", Support("supported", "StepEnvManager"),
         ("env_instruction", "history", "step_count", "history_length", "current_step",
          "current_observation", "max_response_length")),
     STEP_CONCAT_ENV_MANAGER: Manager(
-        "step_concat", Support("pending", "StepConcatEnvManager",
-                               "step-wise prompts with the observations so far (producer "
-                               "side)"),
+        "step_concat", Support("supported", "StepConcatEnvManager"),
         ("history", "current_observation")),
     AGENT_NATIVE_ENV_MANAGER: Manager(
-        "agent_native", Support("pending", "AgentNativeStepEnvManager",
-                                "the env's own chat messages as each prompt (producer "
-                                "side)"),
+        "agent_native", Support("supported", "AgentNativeStepEnvManager",
+                                "an env that gives its own chat messages (sokoban_native_env)"),
         None),
     _ROLL_MANAGERS + "vl_traj_env_manager.VLTrajEnvManager": Manager(
         "vl_traj", Support("refused", "VLTrajEnvManager",

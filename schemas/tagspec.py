@@ -31,7 +31,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, ENV_TYPE_IDS, EnvSpec
+from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, ENV_TYPE_IDS, AgentPrompt, EnvSpec
 from schemas.envtypes import (
     TRAJ_ENV_MANAGER,
     Manager,
@@ -104,7 +104,7 @@ class TagSpec(EnvSpec):
         support = env_type_support(self.env_type)
         if not support.accepted:
             raise unsupported("env type", self.env_type, support)
-        # a pending type keeps env_id empty: the env factory resolves env_type
+        # ROLL's other env types keep env_id empty: the env factory builds them by env_type
         self.env_id = ENV_TYPE_IDS.get(self.env_type.lower(), "")
         return self
 
@@ -122,6 +122,11 @@ class TagSpec(EnvSpec):
         return self
 
     @property
+    def agent_prompt(self) -> AgentPrompt:
+        return AgentPrompt(self.agent_system_template, self.agent_template,
+                           self.max_tokens_per_step, self.manager.name, self.history_length)
+
+    @property
     def manager(self) -> Manager:
         """The tag's env manager (`name`: traj, step, step_concat, agent_native)."""
         return manager_of(self.env_manager_cls)
@@ -131,7 +136,9 @@ class TagSpec(EnvSpec):
         support) for its env type, env manager and tools."""
         out = []
         if self.env_type is not None and not self.env_id:
-            out.append(("env type", self.env_type, env_type_support(self.env_type)))
+            support = env_type_support(self.env_type)
+            if support.status == "pending":
+                out.append(("env type", self.env_type, support))
         manager = self.manager
         if manager.support.status == "pending":
             out.append(("env manager", _short(self.env_manager_cls), manager.support))

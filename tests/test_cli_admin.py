@@ -95,7 +95,7 @@ def test_bad_env_settings_fail_config_check_naming_the_tag(tmp_path):
         "max_env_num_per_worker": 4, "num_env_groups": 2, "group_size": 2, "tags": ["Big"]}}))
     out = cli("config", "check", str(path))
     assert out.returncode == 2
-    assert "custom_envs.Big: cannot make 'rollstream/Sokoban-v0'" in out.stderr
+    assert "custom_envs.Big: cannot make env type 'sokoban'" in out.stderr
     assert "no room for 5 boxes" in out.stderr
 
 

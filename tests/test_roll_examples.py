@@ -3,17 +3,20 @@
 `tests/data/roll/examples/` holds every agentic pipeline YAML of ROLL's `examples/` (alibaba/
 ROLL 8eb27cc2) with the files they compose, in ROLL's layout. A ROLL user points
 `rollstream config check` at one: it is accepted (the tags it uses are ones rollstream has
-or is to have: `PENDING` says what the producers still lack), or refused with one line naming
-the env type, env manager or tool and what it would need.
+or is to have: `PENDING` says what the producers still lack) and its check builds and resets
+one env of each tag (or says in one line which dataset is missing: `MISSING`), or it is
+refused with one line naming the env type, env manager or tool and what it would need.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rollstream.cli import main as cli_main
 from schemas.config import RolloutConfig
@@ -73,7 +76,6 @@ REFUSED = {
 
 # accepted file -> what of it the producers do not run yet: (what, name) pairs
 SUPPORTED_NOW: tuple[tuple[str, str], ...] = ()
-STEP = ("env manager", "StepEnvManager")
 PENDING: dict[str, tuple[tuple[str, str], ...]] = {
     "agentic_demo/agent_val_frozen_lake_multi_nodes_demo.yaml": SUPPORTED_NOW,
     "agentic_demo/agent_val_frozen_lake_single_node_demo.yaml": SUPPORTED_NOW,
@@ -83,24 +85,33 @@ PENDING: dict[str, tuple[tuple[str, str], ...]] = {
     "qwen2.5-0.5B-agentic/agent_val_frozen_lake_amd.yaml": SUPPORTED_NOW,
     "qwen2.5-0.5B-agentic/agent_val_frozen_lake_async.yaml": SUPPORTED_NOW,
     "qwen2.5-0.5B-agentic/agent_val_frozen_lake_async_amd.yaml": SUPPORTED_NOW,
-    "qwen2.5-0.5B-agentic/agent_val_frozen_lake_gigpo.yaml": (STEP,),
+    "qwen2.5-0.5B-agentic/agent_val_frozen_lake_gigpo.yaml": SUPPORTED_NOW,
     "qwen2.5-0.5B-agentic/agentic_rollout_sokoban.yaml": SUPPORTED_NOW,
     "qwen2.5-0.5B-agentic/agentic_sokoban_rollout_mock_dump.yaml": SUPPORTED_NOW,
     "qwen2.5-0.5B-agentic/agentic_val_sokoban.yaml": SUPPORTED_NOW,
     "qwen2.5-0.5B-agentic/agentic_val_sokoban_dynamic_batching.yaml": SUPPORTED_NOW,
-    "qwen2.5-0.5B-agentic/agentic_val_sokoban_gigpo.yaml": (STEP,),
+    "qwen2.5-0.5B-agentic/agentic_val_sokoban_gigpo.yaml": SUPPORTED_NOW,
     "qwen2.5-0.5B-agentic/agentic_val_sokoban_lora.yaml": SUPPORTED_NOW,
-    "qwen2.5-0.5B-agentic/agentic_val_sokoban_native.yaml": (
-        ("env manager", "AgentNativeStepEnvManager"),),
+    "qwen2.5-0.5B-agentic/agentic_val_sokoban_native.yaml": SUPPORTED_NOW,
     "qwen3-30BA3B-agentic_fsdp2/agentic_val_sokoban_30a3.yaml": SUPPORTED_NOW,
-    "qwen3_agentic_gem/gem_game_guess_the_number.yaml": (
-        ("env type", "game:GuessTheNumber-v0"), ("env manager", "StepConcatEnvManager")),
-    "qwen3_agentic_gem/gem_math_dapo.yaml": (("env type", "roll_math"),),
-    "qwen3_agentic_gem/gem_math_dapo_python_code.yaml": (
-        ("env type", "roll_math"), ("tool", "python_code")),
-    "qwen3_agentic_gem/gem_math_hotpotqa.yaml": (("env type", "roll_qa"),),
-    "qwen3_agentic_gem/gem_rg_letter_counting.yaml": (
-        ("env type", "rg:letter_counting"), ("env manager", "StepConcatEnvManager")),
+    "qwen3_agentic_gem/gem_game_guess_the_number.yaml": SUPPORTED_NOW,
+    "qwen3_agentic_gem/gem_math_dapo.yaml": SUPPORTED_NOW,
+    "qwen3_agentic_gem/gem_math_dapo_python_code.yaml": (("tool", "python_code"),),
+    "qwen3_agentic_gem/gem_math_hotpotqa.yaml": SUPPORTED_NOW,
+    "qwen3_agentic_gem/gem_rg_letter_counting.yaml": SUPPORTED_NOW,
+}
+
+# accepted file -> what `config check` says is missing here (its dataset is not on disk):
+# the start of its one line after "PATH: "; every other accepted file passes the check
+DAPO = ("env type 'roll_math': roll_math needs the dataset 'open-r1/DAPO-Math-17k-Processed' "
+        "on disk, and it is neither a path nor in the Hugging Face cache")
+MISSING = {
+    "qwen3_agentic_gem/gem_math_dapo.yaml": "custom_envs.dapo_17k: " + DAPO,
+    "qwen3_agentic_gem/gem_math_dapo_python_code.yaml":
+        "custom_envs.dapo_17k_with_python_code: " + DAPO,
+    "qwen3_agentic_gem/gem_math_hotpotqa.yaml":
+        "custom_envs.HotpotQA: env type 'roll_qa': roll_qa needs the dataset "
+        "'axon-rl/HotpotQA' on disk, and it is neither a path nor in the Hugging Face cache",
 }
 
 
@@ -150,6 +161,50 @@ def test_an_example_whose_tags_producers_run_passes_the_cli_check(capsys):
     assert cli_main(["config", "check", str(path)]) == 0
     out = capsys.readouterr()
     assert f"{path}: ok (sync, ratio 0, train batch 1024" in out.out
+
+
+@pytest.fixture
+def empty_hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A Hugging Face cache of this test's own (empty unless the test fills it)."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    return tmp_path / "hub"
+
+
+@pytest.mark.parametrize("name", sorted(PENDING))
+def test_every_accepted_example_passes_the_cli_check_or_names_what_is_missing(
+        name, capsys, empty_hub_cache):
+    """ROLL's examples whose env types rollstream has build and reset one env of every tag
+    (GEM games, reasoning-gym, sokoban_native_env, the step managers' tags); one whose
+    dataset is not on disk says so in one line, exit 2."""
+    path = EXAMPLES / name
+    code = cli_main(["config", "check", str(path)])
+    out, err = capsys.readouterr()
+    if name in MISSING:
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"rollstream: error: {path}: {MISSING[name]}"), err
+    else:
+        assert code == 0, err
+        assert out.startswith(f"{path}: ok (")
+
+
+def hub_dataset(cache: Path, name: str, filename: str, rows: list[dict]) -> None:
+    """`rows` as the hub's copy of dataset `name` in the cache, as huggingface-cli leaves it."""
+    snapshot = cache / ("datasets--" + name.replace("/", "--")) / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / filename).write_text("".join(json.dumps(row) + "\n" for row in rows),
+                                     encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", sorted(MISSING))
+def test_with_its_dataset_on_disk_a_math_or_qa_example_passes_the_cli_check(
+        name, capsys, empty_hub_cache):
+    hub_dataset(empty_hub_cache, "open-r1/DAPO-Math-17k-Processed", "train.jsonl",
+                [{"prompt": "What is 1 + 1?", "solution": "2"}])
+    hub_dataset(empty_hub_cache, "axon-rl/HotpotQA", "train.jsonl",
+                [{"problem": "Which city is the capital of France?", "answer": "Paris"}])
+    path = EXAMPLES / name
+    assert cli_main(["config", "check", str(path)]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith(f"{path}: ok (")
 
 
 def test_an_unset_environment_variable_is_one_line_naming_the_key(monkeypatch):
@@ -213,3 +268,29 @@ def test_actor_infers_block_overrides_the_managers_as_in_roll(examples_copy):
                          "  val_temperature: 0\n").policy
     assert policy.sampling.val.temperature == 0.0  # the block's own key wins
     assert policy.sampling.source("val.temperature") == "policy.val_temperature"
+
+
+def test_config_show_says_where_each_sampling_value_came_from(examples_copy, capsys):
+    """`rollstream config show` prints, for train and val, each sampling value and its
+    source: here each manager's own generating_args, ROLL's defaults for what they leave
+    out, and the top-level sequence_length."""
+    example = examples_copy / "qwen2.5-0.5B-agentic" / "agent_val_frozen_lake.yaml"
+    mine = example.with_name("shown_agent_val_frozen_lake.yaml")
+    mine.write_text("defaults:\n  - agent_val_frozen_lake@_here_\n  - _self_\npolicy:\n"
+                    "  type: openai\n  base_urls: [http://127.0.0.1:8000/v1]\n",
+                    encoding="utf-8")
+    assert cli_main(["config", "show", str(mine)]) == 0
+    sampling = yaml.safe_load(capsys.readouterr().out)["policy"]["sampling"]
+    fields = ("temperature", "top_p", "top_k", "max_new_tokens", "stop",
+              "include_stop_str_in_output", "repetition_penalty")
+    for mode in ("train", "val"):
+        assert set(sampling[mode]) == set(fields)
+        for name in ("temperature", "top_p", "top_k", "max_new_tokens"):
+            assert sampling["sources"][f"{mode}.{name}"] == \
+                f"{mode}_env_manager.generating_args.{name}"
+        for name in ("stop", "include_stop_str_in_output", "repetition_penalty"):
+            assert sampling["sources"][f"{mode}.{name}"] == \
+                f"ROLL default: {mode}_env_manager.generating_args leaves it out"
+    assert (sampling["train"]["temperature"], sampling["val"]["temperature"]) == (0.99, 0.2)
+    assert sampling["sequence_length"] == 8192
+    assert sampling["sources"]["sequence_length"] == "sequence_length"

@@ -5,7 +5,9 @@ env types are GEM's registered ids (`game:GuessTheNumber-v0`, `rg:letter_countin
 `math:GSM8K`, `qa:HotpotQA`, `logic:RuleTaker-d1`, `eval:AIME24`, `code:CodeContest`) plus
 ROLL's own (`roll_math`, `roll_qa`, `roll_code`). Here they are one gymnasium id,
 `rollstream/Gem-v0`, whose `task` kwarg is the env type as ROLL writes it; the other kwargs
-are the tag's env_config.
+are the tag's env_config. The env factory (`producers.envs`) builds a tag whose `env_type` is
+one of them through here too. Which names are gem env types is `schemas.envtypes.is_gem_type`
+(the config's list of env types).
 """
 
 from __future__ import annotations
@@ -14,18 +16,13 @@ from typing import Any
 
 import gymnasium as gym
 
+from schemas.envtypes import ROLL_GEM_TYPES, is_gem_type
 from schemas.errors import ConfigError
 
+__all__ = ["GEM_ID", "is_gem_type", "make_gem_env"]
+
 GEM_ID = "rollstream/Gem-v0"
-# The families of env types, by prefix; ROLL's own types by name.
-GEM_PREFIXES = ("game:", "rg:", "math:", "qa:", "logic:", "eval:", "code:")
-ROLL_TYPES = ("roll_math", "roll_qa", "roll_code")
 CODE_TASKS = ("roll_code", "eval:CodeContest")
-
-
-def is_gem_type(env_type: str) -> bool:
-    """Whether `env_type` is one of ROLL's `gem` env types (made through `GEM_ID`)."""
-    return env_type in ROLL_TYPES or env_type.startswith(GEM_PREFIXES)
 
 
 def make_gem_env(task: str, **kwargs: Any) -> gym.Env:
@@ -33,7 +30,7 @@ def make_gem_env(task: str, **kwargs: Any) -> gym.Env:
     one that cannot run here (a package, a dataset on disk, a word corpus)."""
     if not isinstance(task, str) or not is_gem_type(task):
         raise ConfigError(f"task {task!r} is not a ROLL gem env type (game:, rg:, math:, qa:, "
-                          f"logic:, eval:, code: or {', '.join(ROLL_TYPES)})")
+                          f"logic:, eval:, code: or {', '.join(ROLL_GEM_TYPES)})")
     if task.startswith("game:"):
         from producers.envs.gem import GemGameEnv
 

@@ -61,6 +61,20 @@ def parse_answer(reply: object, action_names: Sequence[str],
     The name is matched after stripping whitespace, ignoring case. None when the reply does
     not match, the action is empty, or it names no action: the caller decides what that costs.
     """
+    word = captured_answer(reply, pattern, special_tokens)
+    if word is None:
+        return None
+    word = word.lower()
+    for index, name in enumerate(action_names):
+        if name.lower() == word:
+            return index
+    return None
+
+
+def captured_answer(reply: object, pattern: re.Pattern[str] = ANSWER_PATTERN,
+                    special_tokens: Sequence[str] = SPECIAL_TOKENS) -> str | None:
+    """What `pattern` captures of `reply` as ROLL reads it (the `special_tokens` removed, the
+    first match, its only group or its second), stripped; None when it does not match."""
     if not isinstance(reply, str):
         return None
     for token in special_tokens:
@@ -68,11 +82,7 @@ def parse_answer(reply: object, action_names: Sequence[str],
     match = pattern.search(reply)
     if match is None:
         return None
-    word = (match.group(1 if pattern.groups == 1 else 2) or "").strip().lower()
-    for index, name in enumerate(action_names):
-        if name.lower() == word:
-            return index
-    return None
+    return (match.group(1 if pattern.groups == 1 else 2) or "").strip()
 
 
 def roll_index(key: object) -> int | None:
@@ -247,6 +257,12 @@ class TextGridEnv(gym.Env[str, np.int64]):
     def parse_action(self, reply: str) -> int | None:
         """The action the reply names through `action_pattern`, or None when unparsable."""
         return parse_answer(reply, self.action_names, self.action_pattern, self.special_tokens)
+
+    def action_content(self, reply: str) -> str:
+        """ROLL's `action_content` of a reply (its envs put it in the step's info): what
+        `action_pattern` captured, "" when it did not match. ROLL's step-wise env managers
+        show it as the step's action."""
+        return captured_answer(reply, self.action_pattern, self.special_tokens) or ""
 
     def step_text(self, reply: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         """`step` with the action parsed from an agent's reply; unparsable is a no-op step."""

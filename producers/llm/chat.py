@@ -1,13 +1,10 @@
-"""One turn of an agent's chat: the user message in ROLL's agentic format, the request body,
-and the reply read back into a `Turn` (text, token ids, logprobs, weight version).
+"""One turn of an agent's chat: its messages, the request body, and the reply read back into
+a `Turn` (text, token ids, logprobs, weight version).
 
-The conversation of an episode lives in its `StepContext.scratch`, placed as ROLL's
-TrajEnvManager places it (roll/pipeline/agentic/env_manager/traj_env_manager.py at
-8eb27cc2): the system message is the tag's `agent_system_template` alone; each turn adds the
-user message (`agent_template` filled with `turn_idx`, `observation`, `actions_left`,
-`max_response_length`; the first one opens with the env's instruction and a newline) and the
-assistant's reply as the server sent it. An env that builds its own chat, as ROLL's native
-envs do (`system_prompt()`, `user_prompt(observation, turn)`), gives both messages itself.
+The messages are rendered as ROLL's env manager of the tag renders them
+(`producers.llm.prompts`: TrajEnvManager's conversation, the step managers' fresh prompts, an
+env's own chat); a turn's sampling fields come from `producers.llm.sampling` (the mode's
+settings and ROLL's token cap).
 """
 
 from __future__ import annotations
@@ -17,58 +14,36 @@ from typing import Any, cast
 import numpy as np
 import orjson
 
+from producers.llm import prompts
 from producers.policies.protocol import StepContext, Turn
 from schemas.envspec import AgentPrompt
 from schemas.policy import reported_weight_version
 
-CHAT_KEY = "chat"  # the scratch entry holding the episode's messages
+CHAT_KEY = prompts.CHAT_KEY  # the scratch entry holding the episode's conversation
 
 
 def messages_for_turn(ctx: StepContext, observation: Any, prompt: AgentPrompt,
-                      max_tokens: int) -> list[dict[str, str]]:
-    """The episode's conversation with this turn's user message appended."""
-    env = ctx.env.unwrapped
-    native = callable(getattr(env, "user_prompt", None))
-    messages: list[dict[str, str]] | None = ctx.scratch.get(CHAT_KEY)
-    if messages is None:
-        system = env.system_prompt() if native else prompt.system_template
-        messages = ctx.scratch[CHAT_KEY] = [{"role": "system", "content": system}]
-    if native:
-        content = env.user_prompt(observation, ctx.turn)
-    else:
-        max_steps = getattr(env, "max_steps", None)
-        if max_steps is None and ctx.env.spec is not None:
-            max_steps = ctx.env.spec.max_episode_steps
-        actions_left = max(int(max_steps) - ctx.turn, 0) if max_steps else "unknown"
-        content = prompt.template.format(
-            turn_idx=ctx.turn + 1, observation=observation, actions_left=actions_left,
-            max_response_length=max_tokens)
-        instruction = getattr(env, "instruction", "") if ctx.turn == 0 else ""
-        if instruction:
-            content = f"{instruction}\n{content}"
-    messages.append({"role": "user", "content": content})
-    return messages
+                      max_response_length: int) -> list[dict[str, str]]:
+    """This turn's messages (a conversation: the episode's, with this turn's user message
+    appended); `max_response_length` is what the template's placeholder says."""
+    return prompts.render(ctx, observation, prompt, max_response_length)
 
 
-def request_body(model: str, messages: list[dict[str, str]], *, temperature: float,
-                 top_p: float, top_k: int, max_tokens: int, seed: int,
-                 extra_body: dict[str, Any]) -> bytes:
-    """A chat completion request asking for logprobs and (vLLM >= 0.10.2) token ids.
+def request_body(model: str, messages: list[dict[str, str]], *, sampling: dict[str, Any],
+                 seed: int, extra_body: dict[str, Any]) -> bytes:
+    """A chat completion request asking for logprobs and (vLLM >= 0.10.2) token ids, with the
+    turn's sampling fields (`producers.llm.sampling.TurnSampling.fields`).
 
     `seed` makes sampling reproducible on servers that honour it, and tells apart the
     members of a group, which send identical prompts."""
     body: dict[str, Any] = {
         "model": model,
         "messages": messages,
-        "temperature": temperature,
-        "top_p": top_p,
-        "max_tokens": max_tokens,
+        **sampling,
         "seed": seed,
         "logprobs": True,
         "return_token_ids": True,
     }
-    if top_k > 0:
-        body["top_k"] = top_k
     if extra_body:
         body.update(extra_body)
     return orjson.dumps(body)

@@ -6,7 +6,8 @@ from the tag's `agent_system_template`, `agent_template` and `max_tokens_per_ste
 turn returns a `Turn`: the reply text (the env parses it with its `action_pattern`), the prompt
 and response token ids and logprobs as the server produced them (None where the server does
 not return them), `finish_reason`, the server that answered, its latency, and the weight
-version that generated it. Val episodes sample at `val_temperature`.
+version that generated it. Each turn samples with its mode's settings (`policy.sampling`:
+ROLL's train and val `generating_args`) and ROLL's token cap (`producers.llm.sampling`).
 
 Weight versions: the trainer records in `{RUN}:servers` which version each server holds
 (`consumer.ModelServers`). The policy reads that hash when the run's version moves (before
@@ -39,6 +40,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from producers import metrics
+from producers.llm.sampling import for_turn
 from producers.policies.protocol import PolicyContext, StepContext, Turn
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
 from schemas.errors import PolicyError, TurnAborted
@@ -144,16 +146,18 @@ class OpenAIPolicy:
             await self._read_servers_at(ctx.version)  # what the servers hold after a publish
         env = ctx.env.unwrapped
         prompt: AgentPrompt = getattr(env, "agent_prompt", None) or _DEFAULT_PROMPT
-        max_tokens = prompt.max_tokens_per_step or config.max_tokens
-        messages = chat.messages_for_turn(ctx, observation, prompt, max_tokens)
+        sampled = for_turn(config.sampling, ctx.mode, prompt.max_tokens_per_step)
+        messages = chat.messages_for_turn(ctx, observation, prompt, sampled.max_response_length)
         try:
-            temperature = config.val_temperature if ctx.mode == "val" else config.temperature
-            body = chat.request_body(config.model, messages, temperature=temperature,
-                                     top_p=config.top_p, top_k=config.top_k,
-                                     max_tokens=max_tokens, seed=chat.turn_seed(ctx),
-                                     extra_body=config.extra_body)
+            body = chat.request_body(config.model, messages, sampling=sampled.fields(),
+                                     seed=chat.turn_seed(ctx), extra_body=config.extra_body)
             min_version = self._min_version(ctx) if config.require_version else None
             answer = await self.pool.chat(body, min_version=min_version)
+            refit = sampled.refit(answer.data)  # ROLL's sequence_length (llm/sampling.py)
+            if refit is not None:
+                body = chat.request_body(config.model, messages, sampling=sampled.fields(refit),
+                                         seed=chat.turn_seed(ctx), extra_body=config.extra_body)
+                answer = await self.pool.chat(body, min_version=min_version)
             turn = chat.turn_from_answer(answer.data)
             if turn.finish_reason == "abort":  # SGLang, while it loads new weights
                 self._aborted(answer.server.base_url)

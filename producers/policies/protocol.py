@@ -66,6 +66,12 @@ class StepContext:
     tag: str
     turn: int = 0  # index of the action within the episode
     scratch: dict[str, Any] = field(default_factory=dict)  # the policy's per-episode state
+    # what the env said with the observation: the reset's info, then each step's (ROLL's
+    # `suffix`, `env_instruction`)
+    info: dict[str, Any] = field(default_factory=dict, repr=False)
+    # the episode's steps so far, as recorded (observation, action, reward, info, response):
+    # what ROLL's step-wise env managers show as history
+    steps: list[dict[str, Any]] = field(default_factory=list, repr=False)
     _rng: np.random.Generator | None = field(default=None, repr=False)
 
     @property
