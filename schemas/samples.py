@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import ormsgpack
 
-from schemas.codec import pack, unpack
+from schemas.codec import unpack
 from schemas.errors import DecodeError
 
 SAMPLE_SCHEMA = 1
@@ -44,13 +45,15 @@ def _mix(x: int) -> int:
 
 class Sampler:
     """Which group episodes are sampled: `sampler(mode, group_id, episode_id)`, the same
-    answer for every member, every producer and every replay."""
+    answer for every member, every producer and every replay. The members of a group ask in
+    turn about the same episode: its answer is kept, so the hash runs once per group episode."""
 
-    __slots__ = ("_base", "_threshold")
+    __slots__ = ("_groups", "_seed", "_threshold")
 
     def __init__(self, rate: float, seed: int):
         self._threshold = int(min(max(rate, 0.0), 1.0) * 2.0**64)  # hash < threshold: chosen
-        self._base = _mix(seed & _MASK64)
+        self._seed = _mix(seed & _MASK64)
+        self._groups: dict[tuple[str, int], list[Any]] = {}  # -> [base, episode, answer]
 
     @property
     def enabled(self) -> bool:
@@ -59,9 +62,16 @@ class Sampler:
     def __call__(self, mode: str, group_id: int, episode_id: int) -> bool:
         if self._threshold <= 0:
             return False
-        x = _mix(self._base ^ (group_id * 0x9E3779B97F4A7C15 & _MASK64))
-        x = _mix(x ^ (episode_id & _MASK64) ^ (mode == "val") << 63)
-        return x < self._threshold
+        known = self._groups.get((mode, group_id))
+        if known is None:
+            base = _mix(self._seed ^ (group_id * 0x9E3779B97F4A7C15 & _MASK64)
+                        ^ (mode == "val") << 63)
+            known = self._groups[(mode, group_id)] = [base, -1, False]
+        elif known[1] == episode_id:
+            return known[2]
+        answer = _mix(known[0] ^ (episode_id & _MASK64)) < self._threshold
+        known[1], known[2] = episode_id, answer
+        return answer
 
 
 def sample_of(traj: dict[str, Any], *, run_version: int,
@@ -74,6 +84,11 @@ def sample_of(traj: dict[str, Any], *, run_version: int,
         else:
             out[name] = _slim(value)
     return out
+
+
+def pack(sample: dict[str, Any]) -> bytes:
+    """msgpack of a slimmed sample (plain types only): ormsgpack, as trajectories are."""
+    return ormsgpack.packb(sample, option=ormsgpack.OPT_NON_STR_KEYS)
 
 
 def encode_sample(sample: dict[str, Any]) -> bytes:
@@ -138,35 +153,52 @@ def _step(step: dict[str, Any], action_names: Sequence[str] | None) -> dict[str,
     return out
 
 
+_PLAIN = frozenset((int, float, bool, type(None)))
+
+
 def _slim(value: Any, depth: int = 0) -> Any:
     """`value` made small and plain: strings cut, arrays as lists or their shape, nesting
-    and lengths bounded."""
-    if isinstance(value, str):
+    and lengths bounded. (Exact type checks first: this runs for every field of a sample.)"""
+    kind = type(value)
+    if kind is str:
         if len(value) <= MAX_TEXT_CHARS:
             return value
         return f"{value[:MAX_TEXT_CHARS]}... [{len(value) - MAX_TEXT_CHARS} more characters]"
-    if value is None or isinstance(value, bool | int | float):
+    if kind in _PLAIN:
         return value
-    if isinstance(value, np.generic):
-        return value.item()
+    if kind is dict and depth < 4:
+        if len(value) > MAX_ITEMS:
+            items = list(value.items())
+            out = {str(k): _slim(v, depth + 1) for k, v in items[:MAX_ITEMS]}
+            out["..."] = f"{len(items) - MAX_ITEMS} more"
+            return out
+        return {k if type(k) is str else str(k): _slim(v, depth + 1) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        if depth >= 4:
+            return f"<{kind.__name__}>"
+        out_list = [_slim(v, depth + 1) for v in value[:MAX_ITEMS]]
+        if len(value) > MAX_ITEMS:
+            out_list.append(f"... {len(value) - MAX_ITEMS} more")
+        return out_list
+    return _slim_other(value, depth)
+
+
+def _slim_other(value: Any, depth: int) -> Any:
+    """`_slim` of the rarer kinds: numpy values, bytes, subclasses, sets, anything else."""
     if isinstance(value, np.ndarray):
         if value.size <= MAX_ARRAY_ITEMS and not value.dtype.hasobject:
             return value.tolist()
         return {"array": list(value.shape), "dtype": value.dtype.str}
+    if isinstance(value, np.generic):
+        return value.item()
     if isinstance(value, bytes | bytearray):
         return f"<{len(value)} bytes>"
+    if isinstance(value, str | bool | int | float):  # a subclass (an IntEnum, a str enum)
+        return _slim(str(value) if isinstance(value, str) else value.real, depth)
     if depth >= 4:
         return f"<{type(value).__name__}>"
     if isinstance(value, dict):
-        items = list(value.items())
-        out = {str(k): _slim(v, depth + 1) for k, v in items[:MAX_ITEMS]}
-        if len(items) > MAX_ITEMS:
-            out["..."] = f"{len(items) - MAX_ITEMS} more"
-        return out
+        return _slim(dict(value), depth)
     if isinstance(value, list | tuple | set | frozenset):
-        items = list(value)
-        out_list = [_slim(v, depth + 1) for v in items[:MAX_ITEMS]]
-        if len(items) > MAX_ITEMS:
-            out_list.append(f"... {len(items) - MAX_ITEMS} more")
-        return out_list
+        return _slim(list(value), depth)
     return _slim(str(value), depth)
