@@ -11,6 +11,7 @@ ROLLSTREAM_UI_SCREENSHOT=PATH saves the page as the docs show it (docs/ui.png).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,35 +153,24 @@ def test_a_person_watches_groups_arrive_and_reads_a_failed_episode_turn_by_turn(
     wait.until(lambda b: (_number(text("#stat-committed")) or 0) > first,
                f"the committed count to move past {first}")
 
-    # groups arrive; whole groups (4/4 members) open, and their failed episodes of several
-    # turns are read until one has a reply that is a format error
-    def failed_rows(b: Any) -> list[Any]:
-        rows = []
-        for group in b.find_elements(By.CSS_SELECTOR, "#groups details.group"):
-            summary = group.find_element(By.TAG_NAME, "summary")
-            if "4/4 members" not in summary.text:
-                continue
-            if not group.get_attribute("open"):
-                summary.click()
-            for row in group.find_elements(By.CSS_SELECTOR, "tr.member"):
-                cells = row.find_elements(By.TAG_NAME, "td")
-                if cells[2].text == "failed" and int(cells[3].text.split()[0]) > 2:
-                    rows.append(row)
-        return rows
-
-    def read_one(b: Any) -> Any:
-        for row in failed_rows(b):
-            name = row.get_attribute("data-uid").split(".")[0]
-            row.click()
-            WebDriverWait(b, 20, ignored_exceptions=(StaleElementReferenceException,)).until(
-                lambda b, name=name: name in text("#trajectory h3"), f"{name}'s episode")
-            turns = b.find_elements(By.CSS_SELECTOR, "#trajectory details.turn")
-            bad = [t for t in turns if t.find_elements(By.CSS_SELECTOR, "summary .badge.bad")]
-            if bad:
-                return bad[0]
-        return None
-
-    turn = wait.until(read_one, "a failed episode with a format error, read turn by turn")
+    # groups arrive on the page
+    wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#groups details.group")) >= 2,
+               "sampled groups listed")
+    # which failed episode to read: the page's own API names one with a format error (a
+    # person would scroll for it); then the browser does what the person does
+    key, uid = wait_for(lambda: _failed_with_format_error(page), timeout_s=WAIT_S,
+                        what="a whole group with a failed episode that has a format error")
+    group = wait.until(lambda b: b.find_element(By.CSS_SELECTOR,
+                                                f'#groups details.group[data-key="{key}"]'),
+                       f"group {key} listed")
+    group.find_element(By.TAG_NAME, "summary").click()
+    row = wait.until(lambda b: group.find_element(By.CSS_SELECTOR, f'tr.member[data-uid="{uid}"]'),
+                     f"member {uid} shown once its group opens")
+    assert row.is_displayed()
+    row.click()
+    wait.until(lambda b: uid.split(".")[0] in text("#trajectory h3"), f"{uid}'s episode")
+    turn = next(t for t in browser.find_elements(By.CSS_SELECTOR, "#trajectory details.turn")
+                if t.find_elements(By.CSS_SELECTOR, "summary .badge.bad"))
     assert "failed" in text("#trajectory h3")
     body = turn.find_element(By.CSS_SELECTOR, ".turn-body")
     assert not body.is_displayed()  # a turn is folded until a person opens it
@@ -194,12 +185,11 @@ def test_a_person_watches_groups_arrive_and_reads_a_failed_episode_turn_by_turn(
     assert server.base_url in meta and "latency_s" in meta and "finish_reason" in meta
     good = [t for t in browser.find_elements(By.CSS_SELECTOR, "#trajectory details.turn")
             if not t.find_elements(By.CSS_SELECTOR, "summary .badge.bad")]
-    if good:  # a well-formed reply in the same episode names its parsed action
-        good[0].find_element(By.TAG_NAME, "summary").click()
-        wait.until(lambda b: good[0].find_element(By.CSS_SELECTOR, "p.parsed").is_displayed(),
-                   "a good turn to expand")
-        parsed = good[0].find_element(By.CSS_SELECTOR, "p.parsed").text
-        assert re.fullmatch(r"parsed action: (Up|Down|Left|Right)", parsed), parsed
+    good[0].find_element(By.TAG_NAME, "summary").click()  # a well-formed reply: its action
+    wait.until(lambda b: good[0].find_element(By.CSS_SELECTOR, "p.parsed").is_displayed(),
+               "a well-formed turn to expand")
+    parsed = good[0].find_element(By.CSS_SELECTOR, "p.parsed").text
+    assert re.fullmatch(r"parsed action: (Up|Down|Left|Right)", parsed), parsed
 
     # the tag filter narrows the list to that tag's groups
     Select(browser.find_element(By.ID, "filter-tag")).select_by_visible_text("SimpleSokoban")
@@ -208,10 +198,35 @@ def test_a_person_watches_groups_arrive_and_reads_a_failed_episode_turn_by_turn(
         {"SimpleSokoban"}, "only SimpleSokoban groups listed")
     Select(browser.find_element(By.ID, "filter-tag")).select_by_visible_text("all")
     shot = os.environ.get("ROLLSTREAM_UI_SCREENSHOT")
-    if shot:
+    if shot:  # the whole page, from the top
+        browser.set_window_size(1400, 2000)
+        browser.execute_script("window.scrollTo(0, 0)")
         browser.save_screenshot(shot)
     errors = [e for e in browser.get_log("browser") if e.get("level") == "SEVERE"]
     assert errors == [], errors  # no script error, no failed request
+
+
+def _failed_with_format_error(page: str) -> tuple[str, str] | None:
+    """(group key, member uid) of a failed episode of several turns in a whole group, with a
+    reply that is a format error and one that is not: asked of the ui's JSON API."""
+    groups = _get(page + "api/groups?mode=train&outcome=failed&limit=10")["groups"]
+    for group in groups:
+        if len(group["members"]) != group["expected"]:
+            continue
+        for member in group["members"]:
+            if member["outcome"]["success"] or member["env_failed"] or \
+                    member["num_actions"] < 3:
+                continue
+            steps = _get(page + f"api/trajectory/{member['uid']}")["steps"]
+            valid = [s["info"].get("action_is_valid") for s in steps if "response" in s]
+            if False in valid and True in valid:
+                return group["key"], member["uid"]
+    return None
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return json.loads(reply.read())
 
 
 def _number(shown: str) -> int | None:
