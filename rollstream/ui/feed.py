@@ -83,10 +83,11 @@ class SampleFeed:
         self.recent = []
         while True:
             start = self.last_id if self.last_id == b"-" else b"(" + self.last_id
-            entries = client.xrange(self.keys.samples, min=start, count=READ_COUNT)
+            entries: list[Any] = client.xrange(self.keys.samples, min=start,
+                                               count=READ_COUNT) or []
             for entry_id, fields in entries:
                 self.last_id = entry_id
-                self._add(fields.get(ENTRY_FIELD))
+                self._add((fields or {}).get(ENTRY_FIELD))
             if len(entries) < READ_COUNT:
                 return len(self.recent)
 

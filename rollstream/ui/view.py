@@ -33,7 +33,7 @@ class RunView:
         self.client = client
         self.keys = keys
         self.config = config
-        self._raw_config: bytes | None = None
+        self._raw_config: Any = None  # the published config's bytes, as last read
         self.redis_url = mask_url(redis_url)
         self.feed = SampleFeed(keys, keep=keep)
         self.history = History(points)
