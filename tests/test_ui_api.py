@@ -201,9 +201,9 @@ def served(r: redis.Redis, run: str, redis_url: str) -> Iterator[Callable[..., s
     """`serve(keep=...)`: a UiServer over this run on a thread: its URL."""
     servers: list[tuple[UiServer, threading.Thread]] = []
 
-    def serve(keep: int = 1000, host: str = "127.0.0.1") -> str:
+    def serve(keep: int = 1000, host: str = "127.0.0.1", url: str = redis_url) -> str:
         config = small_config(val_env_manager={"num_env_groups": 2, "group_size": 1})
-        client = redis.Redis.from_url(redis_url, socket_timeout=10)
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
         view = RunView(client, Keys(run), config, redis_url, keep=keep)
         server = UiServer(view, bind(host, 0), interval_s=0.1, handle_signals=False)
         thread = threading.Thread(target=server.run, daemon=True)
@@ -367,3 +367,18 @@ def test_the_page_lists_a_group_once_its_first_member_came(r: redis.Redis, run: 
     assert group["key"] == "train-0-5" and [m["member"] for m in group["members"]] == [2]
     time.sleep(0.3)  # refreshes go on; nothing doubles
     assert len(get_json(page + "api/groups")["groups"][0]["members"]) == 1
+
+
+def test_a_redis_that_goes_away_is_said_on_the_page_which_keeps_what_it_had(
+        r: redis.Redis, run: str, served, proxy) -> None:
+    keys = Keys(run)
+    add_samples(r, keys, [trajectory("train", 0, 0, m, success=True) for m in range(4)])
+    page = served(url=proxy.url)
+    wait_for(lambda: get_json(page + "api/state")["samples"]["received"] == 4,
+             what="the samples read through the proxy")
+    proxy.close()  # Redis unreachable from here on
+    state = wait_for(lambda: (s := get_json(page + "api/state"))["error"] and s,
+                     what="the page to say Redis cannot be read")
+    assert state["error"].startswith("cannot read the run from Redis at redis://127.0.0.1:")
+    assert state["samples"]["received"] == 4 and state["snapshot"]["run"] == run
+    assert len(get_json(page + "api/groups")["groups"]) == 1

@@ -52,6 +52,9 @@ class RunView:
         except REDIS_ERRORS as exc:
             self.error = f"cannot read the run from Redis at {self.redis_url}: {error_text(exc)}"
             logger.warning("%s", self.error)
+        except Exception as exc:  # a record this version cannot read: the page says so, goes on
+            self.error = f"cannot read the run: {type(exc).__name__}: {exc}"
+            logger.exception("reading run %s failed", self.keys.run)
         else:
             now = time.time()
             self.snapshot, self.error, self.updated_at = snap, None, now
