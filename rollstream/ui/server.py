@@ -46,6 +46,7 @@ HEADERS = {
                                "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
 }
 MAX_LIMIT = 500
+SHUTDOWN_S = 2.0  # at a stop, answers in flight get this long (each is a read from memory)
 _dumps = partial(json.dumps, separators=(",", ":"), allow_nan=False)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -187,7 +188,8 @@ class UiServer:
             self._loop.add_signal_handler(signal.SIGINT, self._on_signal, 130)
             self._loop.add_signal_handler(signal.SIGTERM, self._on_signal, 0)
         runner = web.AppRunner(make_app(self.view, loopback_only=self.loopback_only),
-                               access_log=None, handle_signals=False)
+                               access_log=None, handle_signals=False,
+                               shutdown_timeout=SHUTDOWN_S)
         await runner.setup()
         refresher = asyncio.create_task(self._refresh_loop())
         try:
