@@ -281,7 +281,10 @@ def test_only_get_and_only_loopback_hosts(served) -> None:
     assert get(page + "api/state", method="DELETE")[0] == 405
     status, body = get(page + "api/state", headers={"Host": "rebound.example:80"})
     assert status == 403 and b"loopback" in body
+    assert get(page + "api/state", headers={"Host": "127.0.0.1.rebound.example"})[0] == 403
+    assert get(page + "api/state", headers={"Host": "127.attacker.example:80"})[0] == 403
     assert get(page + "api/state", headers={"Host": "localhost"})[0] == 200
+    assert get(page + "api/state", headers={"Host": "[::1]:8360"})[0] == 200
     status, _ = get(page + "../../etc/passwd")
     assert status == 404
     reply = urllib.request.urlopen(page, timeout=10)

@@ -16,6 +16,7 @@ loopback host (a web page elsewhere cannot read it through DNS rebinding).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import signal
@@ -35,7 +36,6 @@ from schemas.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
@@ -73,7 +73,15 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def is_loopback(host: str) -> bool:
-    return host in LOOPBACK_NAMES or host.startswith("127.")
+    """`localhost` or a loopback address (`127.0.0.1`, `::1`, `[::1]`); a name that merely
+    starts with 127 (`127.attacker.example`) is not."""
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def make_app(view: RunView, *, loopback_only: bool) -> web.Application:
@@ -90,8 +98,7 @@ def make_app(view: RunView, *, loopback_only: bool) -> web.Application:
 def _guard(loopback_only: bool) -> Any:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if loopback_only and _host_name(request.host) not in LOOPBACK_NAMES \
-                and not _host_name(request.host).startswith("127."):
+        if loopback_only and not is_loopback(_host_name(request.host)):
             return web.json_response({"error": "this server answers loopback hosts only"},
                                      status=403, headers=HEADERS)
         response = await handler(request)
