@@ -101,7 +101,11 @@ def _guard(loopback_only: bool) -> Any:
         if loopback_only and not is_loopback(_host_name(request.host)):
             return web.json_response({"error": "this server answers loopback hosts only"},
                                      status=403, headers=HEADERS)
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:  # a 404 or 405 of the router: the same headers
+            exc.headers.update(HEADERS)
+            raise
         response.headers.update(HEADERS)
         return response
     return guard
