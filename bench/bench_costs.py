@@ -2,6 +2,7 @@
 policy): what `bench/bench_pipeline.py` measures as a whole, taken apart.
 
     python bench/bench_costs.py [--rounds 5] [--seconds 5] [--redis-url URL]
+    python bench/bench_costs.py --samples [--rounds 5] [--seconds 5]
 
 - `episode code`: the producers' `play_episode` in one process against the bare gymnasium
   loop over the same envs and seeds (the plain loop of bench_pipeline), rounds interleaved;
@@ -15,6 +16,10 @@ policy): what `bench/bench_pipeline.py` measures as a whole, taken apart.
 - `parts alone`: what producer, Redis and trainer together allow. With every core busy and
   nothing lost to sharing them, the pipeline delivers at most cores x bare / (their sum) of
   the bare loop; bench_pipeline's 0.8x target needs their sum at most cores x bare / 0.8.
+
+`--samples` measures one thing instead: the producer alone with the sample stream at the
+config's default `sample_rate` and with it off (rounds interleaved, which goes first
+alternating): producer and Redis CPU per trajectory, and the difference.
 
 Each part prints the median over its rounds in microseconds per trajectory; compare parts
 within one run (this machine's speed drifts).
@@ -58,14 +63,15 @@ from rollstream.embedded import EmbeddedRedis  # noqa: E402
 from schemas.codec import decode_trajectory, encode_trajectory  # noqa: E402
 from schemas.config import RolloutConfig  # noqa: E402
 from schemas.keys import Keys  # noqa: E402
+from schemas.samples import Sampler, encode_sample, sample_of  # noqa: E402
 from schemas.seeding import episode_seed  # noqa: E402
 
 # the seed's train block, as bench_pipeline runs it: 1024 envs, 16 per shard
 GROUPS, MEMBERS = SEED_BLOCK["num_env_groups"], SEED_BLOCK["group_size"]
 
 
-def seed_config(ratio: int) -> RolloutConfig:
-    return bench_config(ratio, latency_s=0.0)
+def seed_config(ratio: int, samples: bool = True) -> RolloutConfig:
+    return bench_config(ratio, latency_s=0.0, samples=samples)
 
 
 def median_us(samples: list[float]) -> str:
@@ -128,9 +134,9 @@ def part_episode_code(config: RolloutConfig, rounds: int, episodes: int) -> floa
 
 
 # -- producer alone --------------------------------------------------------------------------
-def producer_alone(url: str, seconds: float) -> tuple[float, float]:
+def producer_alone(url: str, seconds: float, samples: bool = True) -> tuple[float, float]:
     """(producer CPU, Redis CPU) seconds per committed trajectory."""
-    config = seed_config(ratio=1_000_000)  # admission never waits: no trainer here
+    config = seed_config(ratio=1_000_000, samples=samples)  # admission never waits
     client = redis.Redis.from_url(url, socket_timeout=30)
     run = f"bench-costs-{uuid.uuid4().hex[:8]}"
     Batcher(client, config, run=run)  # publishes the config
@@ -173,6 +179,65 @@ def part_producer(url: str, rounds: int, seconds: float) -> tuple[float, float]:
     print(f"producer alone: CPU {median_us(producer)} per trajectory, "
           f"Redis {median_us(server)}", flush=True)
     return statistics.median(producer), statistics.median(server)
+
+
+def sample_parts(config: RolloutConfig, episodes: int = 2000) -> tuple[float, float]:
+    """(CPU seconds of the sampler's answer per trajectory, of building and encoding one
+    sample) on the block's trajectories, asked in the producers' order (members in turn)."""
+    spec = config.env_spec("FrozenLake")
+    env = make_env(spec.env_id, spec.env_config)
+    policy, control = RandomPolicy(), ControlState()
+    trajs: list[dict[str, Any]] = []
+
+    async def open_gate() -> bool:
+        return True
+
+    async def build() -> None:
+        for i in range(episodes):
+            group, k, member = block_order(i)
+            slot = EnvSlot(mode="train", env_id=group * MEMBERS + member, group_id=group,
+                           member=member, shard=0, tag="FrozenLake", env=env, k=k)
+            trajs.append(await play_episode(slot, seed=config.seed, producer_id="bench",
+                                            policy=policy, control=control, gate=open_gate))
+
+    asyncio.run(build())
+    sampler = Sampler(config.sample_rate, config.seed)
+    names = env.unwrapped.action_names
+    started = time.process_time()
+    for traj in trajs:
+        sampler(traj["mode"], traj["group_id"], traj["episode_id"])
+    asked = (time.process_time() - started) / len(trajs)
+    started = time.process_time()
+    for traj in trajs:
+        encode_sample(sample_of(traj, run_version=0, action_names=names))
+    built = (time.process_time() - started) / len(trajs)
+    return asked, built
+
+
+def part_samples(url: str, rounds: int, seconds: float) -> None:
+    """The producer alone with the sample stream on (the default rate) and off; and the
+    producer's parts of it alone."""
+    config = seed_config(ratio=1)
+    runs = [sample_parts(config) for _ in range(rounds)]
+    asked = statistics.median(a for a, _ in runs) * 1e6
+    built = statistics.median(b for _, b in runs) * 1e6
+    print(f"samples, the producer's parts: the sampler's answer {asked:.2f} us per trajectory, "
+          f"a sample built and encoded {built:.1f} us; at sample_rate {config.sample_rate:g}: "
+          f"{asked + config.sample_rate * built:.2f} us per trajectory", flush=True)
+    on: list[tuple[float, float]] = []
+    off: list[tuple[float, float]] = []
+    for r in range(rounds):
+        for samples in ((True, False) if r % 2 == 0 else (False, True)):
+            (on if samples else off).append(producer_alone(url, seconds, samples=samples))
+    rate = seed_config(ratio=1).sample_rate
+    for name, runs in ((f"on ({rate:g})", on), ("off", off)):
+        print(f"samples {name}: producer CPU {median_us([p * 1e6 for p, _ in runs])}, Redis "
+              f"{median_us([s * 1e6 for _, s in runs])} per trajectory", flush=True)
+    producer = [(a[0] - b[0]) * 1e6 for a, b in zip(on, off, strict=True)]
+    server = [(a[1] - b[1]) * 1e6 for a, b in zip(on, off, strict=True)]
+    print(f"  the sample stream costs {median_us(producer)} of producer CPU and "
+          f"{median_us(server)} of Redis CPU per trajectory (median of paired rounds; "
+          f"all: {', '.join(f'{x:.1f}' for x in producer)})", flush=True)
 
 
 # -- trainer alone ---------------------------------------------------------------------------
@@ -280,7 +345,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="per producer-alone round")
     parser.add_argument("--episodes", type=int, default=3000, help="per episode-code round")
     parser.add_argument("--redis-url", default=None, help="default: an embedded server")
+    parser.add_argument("--samples", action="store_true",
+                        help="only: the producer with the sample stream on and off")
     args = parser.parse_args()
+    if args.samples:
+        with EmbeddedRedis() if args.redis_url is None else nullcontext() as server:
+            part_samples(args.redis_url or server.url, args.rounds, args.seconds)
+        return
     bare = part_episode_code(seed_config(ratio=1), args.rounds, args.episodes)
     with EmbeddedRedis() if args.redis_url is None else nullcontext() as server:
         url = args.redis_url or server.url

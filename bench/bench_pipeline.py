@@ -1,7 +1,7 @@
 """Throughput of the whole pipeline against a plain loop over the same env.
 
     python bench/bench_pipeline.py [--seconds 20] [--producers 2] [--ratio 1] [--redis-url URL]
-                                   [--metrics off|on|both]
+                                   [--metrics off|on|both] [--samples off|on|both]
 
 The pipeline: the seed's train block (128 groups x 8 FrozenLake envs, 16 per shard), random
 policy, producer processes -> Redis Streams -> a Batcher handing 1024-trajectory batches in
@@ -16,6 +16,10 @@ Prints trajectories/s, env steps/s, batch wait and trajectory latency percentile
 `--metrics on`: every producer and the trainer serve /metrics and a scraper reads all pages
 every `--scrape-s` (as Prometheus would, on the same machine); `both` runs the pipeline with
 metrics off and on in each round (alternating which goes first) and prints on / off.
+
+`--samples`: the producers' sample stream (`sample_rate`, what `rollstream ui` shows) at the
+config's default rate (`on`, the default), off (`sample_rate: 0`), or `both`: off and on in
+each round, alternating which goes first, printing on / off and the stream's size.
 """
 
 from __future__ import annotations
@@ -51,11 +55,12 @@ SEED_BLOCK = {
 }
 
 
-def bench_config(ratio: int, latency_s: float) -> RolloutConfig:
+def bench_config(ratio: int, latency_s: float, samples: bool = True) -> RolloutConfig:
     return RolloutConfig.from_dict({
         "rollout_batch_size": 1024, "async_generation_ratio": ratio, "seed": 42,
         "train_env_manager": SEED_BLOCK,
         "policy": {"type": "random", "latency_s": latency_s},
+        **({} if samples else {"sample_rate": 0.0}),  # on: the config's default rate
     })
 
 
@@ -255,7 +260,9 @@ def _measure(client: redis.Redis, batcher: Batcher, config: RolloutConfig, run: 
     per_k = 1000 / max(1, trajs)
     producer_cpu = sum(cpu_s(p.pid) for p in procs) - sum(cpu0[0])
     memory = client.info("memory")
+    samples = Keys(run).samples
     return {
+        "samples": client.xlen(samples), "samples_kb": (client.memory_usage(samples) or 0) / 1024,
         "traj_s": trajs / elapsed, "steps_s": steps / elapsed, "batches": batches,
         "wait_p50": float(np.percentile(waits, 50)),
         "wait_p99": float(np.percentile(waits, 99)),
@@ -290,6 +297,27 @@ def metrics_round(config: RolloutConfig, args: argparse.Namespace, url: str,
     cpu = {on: results[on]["cpu_producers"] + results[on]["cpu_trainer"] for on in order}
     print(f"  metrics on / off: {ratio:.3f}x trajectories/s, {cpu[True] / cpu[False]:.3f}x "
           "CPU per trajectory (producers + trainer)", flush=True)
+    return ratio
+
+
+def samples_round(args: argparse.Namespace, url: str, index: int) -> float:
+    """`--samples both`: the pipeline with the sample stream off and on (the config's default
+    rate), the order alternating by round; prints both and returns on / off trajectories/s."""
+    order = [False, True] if index % 2 == 0 else [True, False]
+    results = {on: pipeline(bench_config(args.ratio, args.latency_s, samples=on), url,
+                            args.producers, args.seconds, args.warmup_batches)
+               for on in order}
+    for on in order:
+        r = results[on]
+        print(f"samples {'on ' if on else 'off'}: {r['traj_s']:8.0f} traj/s  batch wait p50 "
+              f"{r['wait_p50'] * 1000:.0f} ms  CPU s/1000 traj: producers "
+              f"{r['cpu_producers']:.3f}, redis {r['cpu_redis']:.3f}"
+              + (f"  (sample stream: {r['samples']:.0f} entries, {r['samples_kb']:.0f} KiB)"
+                 if on else ""), flush=True)
+    ratio = results[True]["traj_s"] / results[False]["traj_s"]
+    cpu = {on: results[on]["cpu_producers"] + results[on]["cpu_redis"] for on in order}
+    print(f"  samples on / off: {ratio:.3f}x trajectories/s, {cpu[True] / cpu[False]:.3f}x "
+          "CPU per trajectory (producers + redis)", flush=True)
     return ratio
 
 
@@ -368,15 +396,23 @@ def main() -> None:
                         help="serve and scrape /metrics (both: off and on, compared)")
     parser.add_argument("--scrape-s", type=float, default=1.0,
                         help="with metrics: seconds between scrapes of every page")
+    parser.add_argument("--samples", choices=["off", "on", "both"], default="on",
+                        help="the sample stream at the default rate (on), off, or both "
+                             "compared")
     args = parser.parse_args()
-    config = bench_config(args.ratio, args.latency_s)
+    if args.metrics == "both" and args.samples == "both":
+        parser.error("--metrics both and --samples both: compare one at a time")
+    config = bench_config(args.ratio, args.latency_s, samples=args.samples != "off")
     with EmbeddedRedis() if args.redis_url is None else nullcontext() as server:
         url = args.redis_url or server.url
         if args.metrics == "both":
             ratios = [metrics_round(config, args, url, i) for i in range(args.repeat)]
+        elif args.samples == "both":
+            ratios = [samples_round(args, url, i) for i in range(args.repeat)]
         else:
             ratios = [one_round(config, args, url) for _ in range(args.repeat)]
-    what = "metrics on / off" if args.metrics == "both" else "pipeline / plain env loop"
+    what = ("metrics on / off" if args.metrics == "both" else "samples on / off"
+            if args.samples == "both" else "pipeline / plain env loop")
     if args.repeat > 1:
         print(f"median {what} over {args.repeat} rounds: "
               f"{float(np.median(ratios)):.3f}x (all: {', '.join(f'{x:.3f}' for x in ratios)})")

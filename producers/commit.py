@@ -5,6 +5,9 @@ producer (fencing), check the run is not paused (train) or that the val round is
 then for each trajectory XADD it to its group stream and advance the env's cursor, unless the
 cursor is already past that episode (a replay: nothing twice). All flushes of one loop
 iteration travel in one pipeline, so a busy producer pays one round trip for many commits.
+A sampled trajectory (`schemas.samples`) carries its sample, which the same script adds to
+the run's capped sample stream once its commit has landed there: never a round trip of its
+own, and a commit fenced off, paused or duplicate leaves no sample.
 
 With `min_replicas` the pipeline ends with a WAIT for replicas on the same connection
 (`ReplicaWait`); when it falls short, the flush's commits are not acknowledged: the env
@@ -34,9 +37,11 @@ from schemas.redisconn import REDIS_ERRORS, AsyncClient, ReplicaWait, queue_scri
 logger = logging.getLogger(__name__)
 
 COMMIT_LUA = """
--- KEYS: lease, cursor, pause, val_round, then one stream per trajectory
--- ARGV: producer, mode, round, one msgpack array of env_id, episode per trajectory, then
--- each trajectory's data (its own argument: a string entering Lua is hashed byte by byte)
+-- KEYS: lease, cursor, pause, val_round, samples, then one stream per trajectory
+-- ARGV: producer, mode, round, one msgpack array of env_id, episode per trajectory, the
+-- indexes of the sampled trajectories (a msgpack array, or '' for none), the sample stream's
+-- length, then each trajectory's data (its own argument: a string entering Lua is hashed byte
+-- by byte), then each sample's data
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {-1} end
 if ARGV[2] == 'train' then
   if redis.call('SCARD', KEYS[3]) > 0 then return {-2} end
@@ -57,7 +62,7 @@ for i = 1, n do
   if cursor[env] > k then
     out[i] = 0
   else
-    redis.call('XADD', KEYS[4 + i], '*', 'data', ARGV[4 + i])
+    redis.call('XADD', KEYS[5 + i], '*', 'data', ARGV[6 + i])
     cursor[env] = k + 1
     advanced[#advanced + 1] = env
     out[i] = 1
@@ -69,6 +74,13 @@ for _, env in ipairs(advanced) do
   fields[#fields + 1] = cursor[env]
 end
 if #fields > 0 then redis.call('HSET', KEYS[2], unpack(fields)) end
+if ARGV[5] ~= '' then
+  for j, i in ipairs(cmsgpack.unpack(ARGV[5])) do
+    if out[i] == 1 then  -- only a commit that landed leaves a sample
+      redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[6], '*', 'data', ARGV[6 + n + j])
+    end
+  end
+end
 return out
 """
 assert ENTRY_FIELD == b"data"  # the script writes this field name
@@ -97,6 +109,7 @@ class PendingCommit:
     stream: str
     data: bytes
     future: asyncio.Future[Outcome] = field(repr=False)
+    sample: bytes | None = field(default=None, repr=False)  # its sample, if it is sampled
     landed: bool = False  # a send was answered COMMITTED (not yet acknowledged by replicas)
 
 
@@ -104,8 +117,10 @@ class Committer:
     """Collects commits from many env tasks and flushes them in one pipeline per iteration."""
 
     def __init__(self, redis: AsyncClient, keys: Keys, producer_id: str, *,
-                 max_batch: int = 512, replicas: ReplicaWait | None = None):
+                 max_batch: int = 512, replicas: ReplicaWait | None = None,
+                 sample_stream_len: int = 128):
         self._redis = redis
+        self._sample_len = sample_stream_len
         self._keys = keys
         self._producer_id = producer_id
         self._max_batch = max_batch
@@ -119,18 +134,22 @@ class Committer:
 
     async def commit(
         self, *, mode: str, shard: int, round: int, env_id: int, episode_id: int,
-        stream: str, data: bytes,
+        stream: str, data: bytes, sample: bytes | None = None,
     ) -> Outcome:
         """Queue a commit and wait for its outcome."""
-        return await self.submit(mode, shard, round, env_id, episode_id, stream, data)
+        return await self.submit(mode, shard, round, env_id, episode_id, stream, data,
+                                 sample=sample)
 
     def submit(self, mode: str, shard: int, round: int, env_id: int, episode_id: int,
-               stream: str, data: bytes) -> asyncio.Future[Outcome]:
+               stream: str, data: bytes, *, sample: bytes | None = None
+               ) -> asyncio.Future[Outcome]:
         """Queue a commit; the future is its outcome (`commit` without a coroutine of its
-        own: the producer awaits the future directly)."""
+        own: the producer awaits the future directly). `sample`: the trajectory's sample
+        (`schemas.samples`), written to the sample stream by the same script call if, and
+        only if, the commit lands."""
         future: asyncio.Future[Outcome] = self._loop.create_future()
         self._queue.append(
-            PendingCommit(mode, shard, round, env_id, episode_id, stream, data, future)
+            PendingCommit(mode, shard, round, env_id, episode_id, stream, data, future, sample)
         )
         self._wakeup.set()
         return future
@@ -228,16 +247,23 @@ class Committer:
         keys = self._keys
         pipe = self._redis.pipeline(transaction=False)
         for (mode, shard, round_), items in groups:
-            script_keys = [keys.lease(mode, shard), keys.cursor(mode), keys.pause, keys.val_round]
+            script_keys = [keys.lease(mode, shard), keys.cursor(mode), keys.pause, keys.val_round,
+                           keys.samples]
             script_keys += [item.stream for item in items]
             ids: list[int] = []
-            for item in items:
+            sampled: list[int] = []  # 1-based, as Lua counts
+            for i, item in enumerate(items, 1):
                 ids += (item.env_id, item.episode_id)
+                if item.sample is not None:
+                    sampled.append(i)
             # the ids as one argument, each trajectory's data as its own: Redis hashes every
             # byte of a string that enters Lua, so the data must not also travel packed
-            queue_script(pipe, sha, script_keys, [self._producer_id, mode, round_,
-                                                  msgpack.packb(ids),
-                                                  *[item.data for item in items]])
+            args = [self._producer_id, mode, round_, msgpack.packb(ids),
+                    msgpack.packb(sampled) if sampled else b"", self._sample_len,
+                    *[item.data for item in items]]
+            if sampled:
+                args += [items[i - 1].sample for i in sampled]
+            queue_script(pipe, sha, script_keys, args)
         if self._replicas is None:
             return await pipe.execute(raise_on_error=False), None
         sent_to = self._replicas.queue(pipe)

@@ -52,7 +52,8 @@ class Serving:
         self.state = ControlState(SYNC_WAKE_CHUNK if config.is_sync else WAKE_CHUNK)
         self.watcher = ControlWatcher(redis, keys, self.state, poll_interval_s)
         self.committer = Committer(redis, keys, producer_id, replicas=ReplicaWait(
-            redis, keys, config.min_replicas, config.replica_timeout_ms))
+            redis, keys, config.min_replicas, config.replica_timeout_ms),
+            sample_stream_len=config.sample_stream_len)
         self.leases = Leases(redis, keys, producer_id, config.lease_ttl_s,
                              max_shards=max_shards)
         self.owner = OwnerWatch(keys, f"producer {producer_id}")

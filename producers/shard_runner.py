@@ -30,6 +30,7 @@ from schemas.errors import EpisodeFailed
 from schemas.keys import Keys
 from schemas.protocol import Schedule
 from schemas.repeats import Repeats
+from schemas.samples import Sampler, encode_sample, sample_of
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class ShardRunner:
         self.stats = stats
         self._stop = stop
         self.shards: dict[ShardId, ShardRun] = {}
+        self._sampled = Sampler(config.sample_rate, config.seed)  # for the sample stream
         self._repeats = Repeats(logger)  # an env failing every episode: not a line each
 
     # -- shards ------------------------------------------------------------------------------
@@ -204,6 +206,7 @@ class ShardRunner:
         state = self.state
         committer = self.committer
         stream = self.keys.stream(mode, slot.group_id)  # an env's group never changes
+        sampled = self._sampled
         while not self._leaving(run):
             if not ready(slot):
                 await state.wait_change()
@@ -222,6 +225,7 @@ class ShardRunner:
                         continue
                     return
                 data = encode_trajectory(traj)
+                sample = self._sample(slot, traj) if sampled(mode, slot.group_id, k) else None
                 # keep what the counters need and let the trajectory go while its objects are
                 # still in cache (a commit waits for its flush; freeing them cold after it,
                 # measured with py-spy, was ~4% of a producer)
@@ -232,7 +236,7 @@ class ShardRunner:
                 traj = None
                 while True:
                     outcome = await committer.submit(mode, slot.shard, slot.round, slot.env_id,
-                                                      k, stream, data)
+                                                      k, stream, data, sample=sample)
                     if outcome is Outcome.COMMITTED:
                         self.stats.committed(mode, slot.tag, failed, success, actions)
                     else:
@@ -258,6 +262,14 @@ class ShardRunner:
                 # let the bytes go before the next episode: this frame lives as long as the
                 # env (the trajectory itself went once encoded)
                 data = b""
+                sample = None
+
+    def _sample(self, slot: EnvSlot, traj: dict[str, Any]) -> bytes:
+        """The trajectory's sample for the sample stream (`schemas.samples`)."""
+        names = getattr(getattr(slot.env, "unwrapped", None), "action_names", None)
+        return encode_sample(sample_of(traj, run_version=self.state.version,
+                                       action_names=names if isinstance(names, tuple | list)
+                                       else None))
 
     def _context_full(self, slot: EnvSlot, traj: dict[str, Any]) -> None:
         """An episode the model's context window ended: counted; the first one is logged."""

@@ -86,6 +86,13 @@ class RolloutConfig(BaseModel):
     replica_timeout_ms: int = Field(
         default=1000, gt=0, le=60_000, description="how long one WAIT for replicas may take; "
         "a write not replicated in time is not acknowledged and is sent again")
+    sample_rate: float = Field(
+        default=0.02, ge=0.0, le=1.0, description="share of group episodes whose finished "
+        "trajectories (every member's) also go, slimmed, to the run's sample stream "
+        "{RUN}:samples, which `rollstream ui` shows; 0: none")
+    sample_stream_len: PositiveInt = Field(
+        default=128, le=10_000, description="entries the sample stream keeps (trimmed on "
+        "write); a sample is at most 32 KiB, so 128 keep it under 4 MiB")
 
     @field_validator("policy", mode="before")
     @classmethod

@@ -101,6 +101,10 @@ class Keys:
     def servers(self) -> str:  # hash: model server base URL -> the weight version it holds
         return f"{self.prefix}:servers"
 
+    @property
+    def samples(self) -> str:  # stream, capped: a sample of finished trajectories (`ui`)
+        return f"{self.prefix}:samples"
+
     def stream(self, mode: str, group_id: int) -> str:  # stream: finished trajectories
         return f"{self.prefix}:traj:{mode}:{group_id}"
 

@@ -90,6 +90,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GUARDS}::test_a_commit_resent_after_a_lost_reply_is_in_the_stream_once",),
     ),
     Mutant(
+        "commit-sample-only-if-landed", "producers/commit.py",
+        "if out[i] == 1 then  -- only a commit that landed leaves a sample",
+        "if true then  -- (mutant) every sampled commit leaves a sample",
+        "the commit script writes a trajectory's sample only when its commit lands (a "
+        "duplicate leaves none)",
+        ("tests/test_ui_samples.py::test_a_sample_is_written_only_with_a_commit_that_lands",),
+    ),
+    Mutant(
         "batcher-is-stale", "consumer/assembly.py",
         "return schedule.expired(k, version) or version - version_start > schedule.ratio",
         "return False",

@@ -360,8 +360,8 @@ def record_acknowledged(monkeypatch: Any) -> list[str]:
     told: list[str] = []
 
     class RecordingCommitter(Committer):
-        def submit(self, *args: Any) -> Any:
-            future = super().submit(*args)
+        def submit(self, *args: Any, **kwargs: Any) -> Any:
+            future = super().submit(*args, **kwargs)
             data = args[-1]
 
             def note(done: Any) -> None:

@@ -990,7 +990,7 @@ def test_a_trajectory_waits_for_its_commit_as_bytes_only(r, run, producer_thread
     monkeypatch.setattr(producers.shard_runner, "encode_trajectory",
                         lambda traj: committed.append(traj) or encode(traj))
 
-    def never_answered(self: Any, *args: Any) -> asyncio.Future[Any]:
+    def never_answered(self: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         submitted.set()
         return asyncio.get_running_loop().create_future()
 

@@ -12,6 +12,7 @@
     rollstream status [--json] [--watch]       version, pause, producers, streams, warnings
     rollstream stop                            end a run: its producers exit
     rollstream reset [--yes]                   delete every key of a run
+    rollstream ui [--port P] [--host H]        a live web page of a run (read-only)
 
 Exit status: 0 ok, 1 a runtime failure (one line on stderr), 2 a bad command line or config.
 
@@ -22,6 +23,7 @@ The parts, each found by name:
     config.py     `config check`, `config show`, and the checked loading `up` shares
     running.py    `up`, `up --trainer`, `train`, `produce` (the launcher is rollstream/launcher.py)
     operating.py  `pause`, `resume`, `stop`, `reset`, `status` (the view is rollstream/status/)
+    ui.py         `ui` (the server and the page are rollstream/ui/)
 A new command: its arguments in parser.py, its function in the module of its group (or a new
 module for a new group), and one line in `COMMANDS` below.
 """
@@ -33,7 +35,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from rollstream.cli import config, operating, running
+from rollstream.cli import config, operating, running, ui
 from rollstream.cli.errors import RUNTIME_FAILURES, UsageError
 from rollstream.cli.parser import build_parser, env_port
 from schemas.errors import ConfigError
@@ -55,6 +57,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {  # the parser's com
     "stop": operating.stop,
     "status": operating.status,
     "reset": operating.reset,
+    "ui": ui.ui,
 }
 
 

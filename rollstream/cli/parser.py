@@ -99,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--redis-limit-mb", type=_positive_float, default=None,
                         help="warn when Redis uses more memory than this (default: 80%% of "
                              "its maxmemory, else 1024)")
+    ui = sub.add_parser("ui", help="a live web page of a run: producers, servers, batchers, "
+                                   "figures over time, sampled trajectories turn by turn")
+    _redis_args(ui)
+    ui.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1: this machine only)")
+    ui.add_argument("--port", type=_port, default=UI_PORT,
+                    help=f"port to listen on (default {UI_PORT}; 0: any free port, printed)")
+    ui.add_argument("--interval-s", type=_positive_float, default=1.0,
+                    help="seconds between reads of the run (default 1)")
     reset = sub.add_parser("reset", help="delete every key of a run (stops its producers "
                                           "first)")
     _redis_args(reset)
@@ -154,6 +163,7 @@ _positive_float = _number(float, "positive")
 _nonneg_float = _number(float, "non-negative")
 
 
+UI_PORT = 8360  # `rollstream ui`'s default port
 METRICS_PORT_ENV = "ROLLSTREAM_METRICS_PORT"  # the default of --metrics-port (compose sets it)
 
 
