@@ -200,7 +200,7 @@ async def play_episode(
             if not steps:  # not even the first turn fits: nothing to train on
                 raise EpisodeFailed(f"the first prompt does not fit the model's context "
                                     f"window ({exc}): lower max_tokens or shorten the "
-                                    "prompt, or raise the server's max_model_len") from None
+                                    "prompt, or give the server a longer one") from None
             policy_s += clock() - t0
             truncated = True
             context_full = str(exc)

@@ -71,6 +71,9 @@ class OpenAIPolicyConfig(BaseModel):
         "off); true, the chat template adds its default")
     max_inflight: PositiveInt = Field(default=1024, description="requests in flight per producer")
     timeout_s: float = Field(default=600.0, gt=0, description="per request")
+    resolve_timeout_s: float = Field(
+        default=60.0, gt=0, description="at start, how long a base URL's host name may fail "
+        "to resolve before the producer gives up (exit 1)")
     max_retries: NonNegativeInt = Field(
         default=3, description="retries of a transient failure on one server before another")
     extra_body: dict[str, Any] = Field(
@@ -287,25 +290,17 @@ def request_headers(api_key: str | None) -> dict[str, str]:
     return headers
 
 
-def reported_weight_version(answer: dict[str, Any]) -> str | None:
-    """The `weight_version` a chat completion reports (SGLang's `metadata` or `meta_info`), as
-    text; None when it reports none. Only digits are a rollstream version ("default": the
-    server's launch weights)."""
-    for key in ("metadata", "meta_info"):
-        meta = answer.get(key)
-        if isinstance(meta, dict) and meta.get("weight_version") is not None:
-            return str(meta["weight_version"])
-    return None
-
-
 def error_message(answer: Any) -> str | None:
     """The error message in a server's decoded answer (vLLM's `{"error": {"message"}}`,
-    SGLang's and older servers' `{"message"}`, or an error string), first 200 characters;
-    None when it holds none."""
+    SGLang's and older servers' `{"message"}`, an error string, FastAPI's `{"detail"}`),
+    first 200 characters; None when it holds none."""
     if isinstance(answer, dict):
         error = answer.get("error", answer)
         if isinstance(error, dict) and "message" in error:
             return str(error["message"])[:200]
         if isinstance(error, str):
             return error[:200]
+        detail = answer.get("detail")  # FastAPI's errors (transformers serve)
+        if detail is not None:
+            return str(detail)[:200]
     return None

@@ -6,8 +6,9 @@ requests, as JSON fixtures for the tests and the stand-in server's flavors.
 
 The model is the tiny one of scripts/tiny_model.py (seed 0), generated into a temporary
 directory. Each fixture file holds the server command (paths shortened to their names), the
-request and the answer (status and JSON body). Sampling is greedy (temperature 0), so a rerun
-with the same server and model gives the same tokens; `created`, `id` and timings vary.
+request and the answer (status and JSON body). Sampling is greedy (temperature 0) or seeded,
+so a rerun with the same server and model gives the same tokens; `created`, `id` and timings
+vary. `--only NAME` records one fixture.
 
 For llama-cpp-python, PY is a Python that can import `llama_cpp.server` (its own dependencies
 installed); with LLAMA_CPP_LIB_PATH set it loads the libllama built by
@@ -56,13 +57,20 @@ def requests_for(tokens: list[int]) -> list[tuple[str, str, dict]]:
          {**chat, "messages": [{"role": "user", "content": "Up Down Left Right " * 200}]}),
         ("chat_fills_context", "/v1/chat/completions",
          {**chat, "max_tokens": 1000}),
+        # sampled (seeded): tokens of one character split across tokens share a logprob entry
+        ("chat_merged_entries", "/v1/chat/completions",
+         {**chat, "max_tokens": 32, "temperature": 1.0, "seed": 1, "logprobs": True,
+          "top_logprobs": 1}),
     ]
 
 
-def capture(base_url: str, argv: list[str], out: Path, tokens: list[int]) -> None:
+def capture(base_url: str, argv: list[str], out: Path, tokens: list[int],
+            only: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     shown = [Path(a).name if os.sep in a else a for a in argv]
     for name, path, body in requests_for(tokens):
+        if only and name not in only:
+            continue
         status, answer = real_servers.request(base_url, path, body,
                                               method="GET" if body is None else "POST")
         record = {"command": " ".join(shown), "request": {"path": path, "body": body},
@@ -79,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a Python with llama_cpp.server importable (llama-cpp-python)")
     parser.add_argument("--n-ctx", type=int, default=256)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--only", action="append", metavar="NAME",
+                        help="record only this fixture (repeatable)")
     args = parser.parse_args(argv)
     out = args.out or ROOT / "tests/data/servers" / args.server.replace("-", "_")
     tiny = real_servers.load_tiny_model_script()
@@ -104,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--n_ctx", str(args.n_ctx), "--n_threads", "1"]
             health = "/v1/models"
         with real_servers.running(cmd, base_url, Path(tmp) / "server.log", health=health):
-            capture(base_url, cmd, out, tokens)
+            capture(base_url, cmd, out, tokens, args.only)
     print(f"wrote {out}")
     return 0
 

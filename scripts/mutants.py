@@ -317,7 +317,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GEN}::test_vllm_lora_updates_while_producers_run",),
     ),
     Mutant(
-        "servers-sglang-version", "consumer/servers.py",
+        "servers-sglang-version", "consumer/loaders.py",
         '"model_path": checkpoint, "weight_version": str(version),',
         '"model_path": checkpoint,',
         "SGLang is told the version it loads, so its answers report it",
@@ -325,7 +325,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "pool-sets-aside-launch-weights", "producers/llm/pool.py",
-        "            if reported is not None and not reported.isdigit():",
+        "            if lost is not None:  # not a version we loaded: its launch weights",
         "            if False:",
         "an SGLang answer reporting no version where one was loaded (a restart) is not used",
         (f"{GEN}::test_a_restarted_sglang_server_is_set_aside_until_its_weights_are_loaded_again",),
@@ -904,11 +904,74 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "pool-waits-out-an-outage", "producers/llm/pool.py",
-        "                        if exc.status in (500, 502) and server.served > before:\n",
-        "                        if exc.status in (500, 502) and server.served > 0:\n",
+        "                        if exc.status in (500, 502) and (server.served > before\n",
+        "                        if exc.status in (500, 502) and (server.served > 0\n",
         "an outage that starts while other requests finish is waited out, not failed",
         ("tests/test_llm_pool.py::test_an_outage_that_starts_while_others_finish_is_waited_"
          "out",),
+    ),
+    Mutant(
+        "pool-500-counts-with-health-check", "producers/llm/pool.py",
+        "                                                         or await self._healthy(server, "
+        "exc)):\n",
+        "                                                         or False):\n",
+        "a 500 on every try while the server's health check answers fails its episode after the "
+        "retry budget, with one server too (it was retried for ever)",
+        ("tests/test_llm_pool.py::test_a_500_on_every_try_while_the_health_check_answers_fails_"
+         "with_one_server",),
+    ),
+    Mutant(
+        "pool-drops-a-refused-field", "producers/llm/pool.py",
+        "        if refused:\n            adapt.drop(server, refused, status, error_text(raw))\n",
+        "        if False:\n            adapt.drop(server, refused, status, error_text(raw))\n",
+        "a field a server refuses by name (transformers serve's 422) is dropped for it and the "
+        "request sent again, not every episode failed",
+        ("tests/test_llm_servers.py::test_a_strict_server_gets_its_refused_field_dropped_once",),
+    ),
+    Mutant(
+        "pool-turn-cut-to-fit-is-context-full", "producers/llm/pool.py",
+        "            adapt.check_cut(server, sent, data)\n",
+        "            pass\n",
+        "a turn the server cut to fit its context (vLLM 0.33's shortened max_tokens) ends the "
+        "episode truncated, not trained as a format-penalised reply",
+        ("tests/test_llm_servers.py::test_a_turn_the_server_cut_to_fit_its_context_ends_the_"
+         "episode",),
+    ),
+    Mutant(
+        "pool-model-check-takes-the-checkpoint", "producers/llm/pool.py",
+        "                ours = model in names or (record is not None and record.checkpoint in "
+        "names)\n",
+        "                ours = model in names\n",
+        "a producer started after an SGLang update (served as the checkpoint path) still starts",
+        ("tests/test_llm_servers.py::test_sglang_serves_the_checkpoint_path_after_an_update_and_a_"
+         "producer_still_starts",),
+    ),
+    Mutant(
+        "turn-version-only-ours", "producers/llm/chat.py",
+        "    labels = weight_labels(data)\n",
+        "    labels = [span for span in weight_labels(data) if span[0].isdigit()]\n",
+        "a turn is never labelled with a version it did not come from: some tokens from launch "
+        "weights ('default') leave it unversioned by the server",
+        ("tests/test_llm_prompts.py::test_the_weight_version_a_server_reports",),
+    ),
+    Mutant(
+        "turn-no-ids-from-merged-entries", "producers/llm/chat.py",
+        "    if content and merged_entries(data) is not None:\n",
+        "    if False:\n",
+        "a reply whose logprob entries merged tokens (llama-server, a split character) carries "
+        "no ids or logprobs, not a shorter, wrong list",
+        ("tests/test_llm_prompts.py::test_logprob_entries_that_merged_tokens_give_no_ids_or_"
+         "logprobs",),
+    ),
+    Mutant(
+        "turn-version-is-the-oldest", "producers/llm/chat.py",
+        "turn.version, turn.version_source = min(int(label) for label, _, _ in labels), \"server\"",
+        "turn.version, turn.version_source = max(int(label) for label, _, _ in labels), \"server\"",
+        "a turn generated by two versions records the older one (the staleness bound counts a "
+        "turn's oldest token)",
+        ("tests/test_llm_prompts.py::test_the_weight_version_a_server_reports",
+         "tests/test_model_servers.py::test_a_pause_that_keeps_turns_finishes_them_under_both_"
+         "versions"),
     ),
     Mutant(
         "pool-probes-hung-with-health-check", "producers/llm/servers.py",

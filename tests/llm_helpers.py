@@ -6,11 +6,15 @@ import errno
 import json
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from helpers import PORT_TRIES, free_port, small_config
 
+from consumer import Batcher, ModelServers
+from producers.llm.chat import turn_seed
+from producers.policies import StepContext
 from rollstream.fake_llm import FakeLLMOptions, FakeLLMServer
 from schemas.config import RolloutConfig
 
@@ -67,3 +71,58 @@ def llm_config(base_urls: list[str], *, policy: dict[str, Any] | None = None,
     block = {"type": "openai", "base_urls": base_urls, "model": MODEL, "max_tokens": 64,
              "timeout_s": 5.0, "max_retries": 2, **(policy or {})}
     return small_config(policy=block, **overrides)
+
+
+# -- runs against stand-in servers (tests/test_generation_control.py, test_model_servers.py)
+def lake_config(server_urls: list[str], *, ratio: int = 0, batch: int = 16,
+                slow_tag: bool = False, **policy: Any) -> RolloutConfig:
+    """16 FrozenLake envs (4 groups of 4, 2 shards), no val. With `slow_tag`, groups 2-3 are
+    the tag `Slow`, whose system prompt starts with `SLOW` (so the server can hold them)."""
+    tags = ["Lake", "Slow"] if slow_tag else ["Lake"]
+    lake = {"env_type": "frozen_lake", "env_config": {"size": 4, "p": 0.8, "is_slippery": False,
+                                                   "max_steps": 6}}
+    custom = {"Lake": lake, "Slow": {**lake, "agent_system_template": "SLOW: play well."}}
+    return llm_config(server_urls, policy={"timeout_s": 60.0, **policy},
+                      async_generation_ratio=ratio,
+                      rollout_batch_size=batch, val_env_manager=None,
+                      custom_envs={tag: custom[tag] for tag in tags},
+                      train_env_manager={"num_env_groups": 4, "group_size": 4, "tags": tags})
+
+
+def step_seeds(traj: dict[str, Any]) -> list[int]:
+    """The request seed of each of a trajectory's turns (what the policy sent)."""
+    ctx = StepContext(env=None, seed=traj["seed"], version=0, mode=traj["mode"], group_id=0,
+                      episode_id=0, member=traj["member"], tag="")
+    seeds = []
+    for turn in range(traj["num_actions"]):
+        ctx.turn = turn
+        seeds.append(turn_seed(ctx))
+    return seeds
+
+
+def answered(server: Any) -> dict[int, dict[str, Any]]:
+    """Request seed -> the server's completed answer to it (each turn is answered once).
+    (The server's deques are copied with `list()` first: one C call, safe while it runs.)"""
+    done = [a for a in list(server.answers) if a["finish_reason"] != "abort"]
+    counts = Counter(a["seed"] for a in done)
+    assert max(counts.values()) == 1, "a turn was generated twice"
+    return {a["seed"]: a for a in done}
+
+
+def steps_of(batches: list[Any]) -> list[tuple[dict[str, Any], int]]:
+    """(step, its request seed) of every step of the batches."""
+    return [(step, seed) for batch in batches for traj in batch.trajectories
+            for step, seed in zip(traj["steps"], step_seeds(traj), strict=True)]
+
+
+def run_steps(batcher: Batcher, servers: ModelServers, steps: int) -> list[Any]:
+    """The documented trainer step: get_batch, (train), update the servers, ack, publish."""
+    batches = []
+    for _ in range(steps):
+        batch = batcher.get_batch(timeout_s=30)
+        batches.append(batch)
+        version = batcher.version + 1
+        servers.update(version, f"/ckpt/{version}")
+        batcher.ack(batch)
+        batcher.publish_version(version)
+    return batches

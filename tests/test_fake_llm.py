@@ -1,5 +1,6 @@
-"""The stand-in LLM server: vLLM's shapes, its tokenizer and template, the scripted model,
-faults, cancellations and weight updates, over real HTTP on loopback."""
+"""The stand-in LLM server: its tokenizer and template, the scripted model, faults,
+cancellations, weight updates and pauses, over real HTTP on loopback (each server's shapes:
+tests/test_server_flavors.py)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_chat_completion_has_vllm_shapes(fake_llm) -> None:
         *encode_prompt(messages)] and data["usage"]["prompt_tokens"] == len(
         data["prompt_token_ids"])
     assert data["usage"]["total_tokens"] == len(ids) + len(data["prompt_token_ids"])
-    assert "metadata" in data and data["metadata"]["weight_version"] == "default"
+    assert "metadata" not in data and choice["weight_versions"] is None  # not asked
 
     status, plain = http(f"{server.base_url}/chat/completions",
                          {"model": MODEL, "messages": messages})
@@ -176,7 +177,7 @@ def test_a_hang_is_seen_closed_by_the_client(fake_llm) -> None:
 
 
 def test_weight_update_aborts_in_flight_and_reports_the_version(fake_llm) -> None:
-    server = fake_llm(latency_s=30.0, load_time_s=0.3)
+    server = fake_llm(flavor="sglang", latency_s=30.0, load_time_s=0.3)
     messages, _ = game_messages("FrozenLake")
     results: list[dict] = []
     thread = threading.Thread(target=lambda: results.append(
@@ -184,15 +185,36 @@ def test_weight_update_aborts_in_flight_and_reports_the_version(fake_llm) -> Non
     thread.start()
     wait_for(lambda: server.in_flight == 1, 5, what="a request in flight")
     status, answer = http(f"{server.url}/update_weights_from_disk",
-                          {"model_path": "/ckpt/v3", "weight_version": "3"})
+                          {"model_path": "/ckpt/v3", "weight_version": "3",
+                           "abort_all_requests": True})
     assert status == 200 and answer["success"] and answer["num_paused_requests"] == 1
     thread.join(5)
     aborted = results[0]["choices"][0]
-    assert aborted["finish_reason"] == "abort" and aborted["token_ids"] == []
+    assert aborted["finish_reason"] == "abort" and aborted["response_token_ids"] == []
     server.options.latency_s = 0.0
     _, data = http(f"{server.base_url}/chat/completions", chat_body(messages))
-    assert data["metadata"] == {"weight_version": "3"}
+    assert data["metadata"]["weight_version"] == "3"
+    assert data["metadata"]["weight_versions"] == [
+        {"version": "3", "start": 0, "end": data["usage"]["completion_tokens"]}]
     assert http(f"{server.url}/model_info")[1]["weight_version"] == "3"
+    # SGLang serves the checkpoint path as the model's name now; chat takes any name
+    assert [card["id"] for card in http(f"{server.base_url}/models")[1]["data"]] == ["/ckpt/v3"]
+
+
+def test_an_sglang_update_without_abort_waits_for_the_requests_in_flight(fake_llm) -> None:
+    server = fake_llm(flavor="sglang", latency_s=0.5)
+    messages, _ = game_messages("FrozenLake")
+    results: list[dict] = []
+    thread = threading.Thread(target=lambda: results.append(
+        http(f"{server.base_url}/chat/completions", chat_body(messages))[1]))
+    thread.start()
+    wait_for(lambda: server.in_flight == 1, 5, what="a request in flight")
+    status, answer = http(f"{server.url}/update_weights_from_disk",
+                          {"model_path": "/ckpt/v1", "weight_version": "1"})
+    assert status == 200 and answer["num_paused_requests"] == 0
+    thread.join(5)
+    assert results[0]["choices"][0]["finish_reason"] == "stop"  # finished, under the old label
+    assert results[0]["metadata"]["weight_version"] == "default"
 
 
 def start_loading(server, version: str) -> threading.Thread:
@@ -206,12 +228,12 @@ def start_loading(server, version: str) -> threading.Thread:
 
 
 def test_new_requests_wait_while_weights_load(fake_llm) -> None:
-    server = fake_llm(load_time_s=1.0)
+    server = fake_llm(flavor="sglang", load_time_s=1.0)
     messages, _ = game_messages("FrozenLake")
     updater = start_loading(server, "1")
     _, data = http(f"{server.base_url}/chat/completions", chat_body(messages))
     assert data["choices"][0]["finish_reason"] == "stop"
-    assert data["metadata"] == {"weight_version": "1"}  # answered after the load
+    assert data["metadata"]["weight_version"] == "1"  # answered after the load
     updater.join(5)
 
 
@@ -225,7 +247,7 @@ def test_lora_adapters_load_serve_and_unload(fake_llm) -> None:
     assert {card["id"]: card["parent"] for card in models["data"]} == {MODEL: None, "v1": MODEL}
     _, data = http(f"{server.base_url}/chat/completions",
                    {"model": "v1", "messages": messages})
-    assert data["model"] == "v1" and "metadata" not in data
+    assert data["model"] == "v1"
     assert server.stats["model:v1"] == 1
     unload = f"{server.base_url}/unload_lora_adapter"
     assert http(unload, {"lora_name": "v1"})[0] == 200
@@ -250,7 +272,8 @@ def test_command_line_serves_and_stops_on_sigterm() -> None:
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.startswith("fake-llm: serving model 'fake-model' at http://127.0.0.1:")
+        assert line.startswith("fake-llm: serving model 'fake-model' as vLLM 0.33.0 at "
+                               "http://127.0.0.1:")
         base_url = line.rsplit(" ", 1)[1].strip()
         messages, _ = game_messages("FrozenLake")
         status, data = http(f"{base_url}/chat/completions", chat_body(messages))
@@ -269,6 +292,9 @@ def test_command_line_refuses_bad_options_and_a_busy_port() -> None:
     result = run_cli("fake-llm", "--p-good", "2")
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "--p-good must be in [0, 1]" in result.stderr
+    result = run_cli("fake-llm", "--flavor", "trtllm")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "--flavor 'trtllm' is not one of llama-cpp-python, llamacpp, sglang" in result.stderr
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -276,12 +302,12 @@ def test_command_line_refuses_bad_options_and_a_busy_port() -> None:
         start = time.monotonic()
         result = run_cli("fake-llm", "--port", str(port))
         assert time.monotonic() - start < 30
-    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
 
 
 def test_during_load_abort_answers_new_requests_with_abort(fake_llm) -> None:
-    server = fake_llm(load_time_s=1.0, during_load="abort")
+    server = fake_llm(flavor="sglang", load_time_s=1.0, during_load="abort")
     messages, _ = game_messages("FrozenLake")
     updater = start_loading(server, "2")
     status, data = http(f"{server.base_url}/chat/completions", chat_body(messages))
@@ -290,7 +316,7 @@ def test_during_load_abort_answers_new_requests_with_abort(fake_llm) -> None:
     updater.join(5)
     _, data = http(f"{server.base_url}/chat/completions", chat_body(messages))
     assert data["choices"][0]["finish_reason"] == "stop"
-    assert data["metadata"] == {"weight_version": "2"}
+    assert data["metadata"]["weight_version"] == "2"
 
 
 def test_every_fake_llm_option_says_what_it_does() -> None:

@@ -22,65 +22,29 @@ from typing import Any
 import pytest
 import redis
 from helpers import ONE_STEP_ENV_ID, stream_messages, wait_for
-from llm_helpers import MODEL, fake_llm_factory, llm_config
+from llm_helpers import (
+    MODEL,
+    answered,
+    fake_llm_factory,
+    lake_config,
+    run_steps,
+    steps_of,
+)
 
 from consumer import Batcher, ModelServers
-from producers.llm.chat import turn_seed
 from producers.policies import StepContext
 from rollstream.fake_llm import FakeLLMOptions, FakeLLMServer
 from rollstream.status.snapshot import snapshot
-from schemas.config import RolloutConfig
 from schemas.errors import ConfigError, ServerUpdateError
 from schemas.keys import Keys
 
 fake_llm = pytest.fixture(fake_llm_factory)
 
 
-def lake_config(server_urls: list[str], *, ratio: int = 0, batch: int = 16,
-                slow_tag: bool = False, **policy: Any) -> RolloutConfig:
-    """16 FrozenLake envs (4 groups of 4, 2 shards), no val. With `slow_tag`, groups 2-3 are
-    the tag `Slow`, whose system prompt starts with `SLOW` (so the server can hold them)."""
-    tags = ["Lake", "Slow"] if slow_tag else ["Lake"]
-    lake = {"env_type": "frozen_lake", "env_config": {"size": 4, "p": 0.8, "is_slippery": False,
-                                                   "max_steps": 6}}
-    custom = {"Lake": lake, "Slow": {**lake, "agent_system_template": "SLOW: play well."}}
-    return llm_config(server_urls, policy={"timeout_s": 60.0, **policy},
-                      async_generation_ratio=ratio,
-                      rollout_batch_size=batch, val_env_manager=None,
-                      custom_envs={tag: custom[tag] for tag in tags},
-                      train_env_manager={"num_env_groups": 4, "group_size": 4, "tags": tags})
-
-
 def set_pause(r: redis.Redis, keys: Keys, on: bool) -> None:
     """What `rollstream pause` / `resume` do."""
     (r.sadd if on else r.srem)(keys.pause, "operator")
     r.publish(keys.control, b"pause")
-
-
-def step_seeds(traj: dict[str, Any]) -> list[int]:
-    """The request seed of each of a trajectory's turns (what the policy sent)."""
-    ctx = StepContext(env=None, seed=traj["seed"], version=0, mode=traj["mode"], group_id=0,
-                      episode_id=0, member=traj["member"], tag="")
-    seeds = []
-    for turn in range(traj["num_actions"]):
-        ctx.turn = turn
-        seeds.append(turn_seed(ctx))
-    return seeds
-
-
-def answered(server: Any) -> dict[int, dict[str, Any]]:
-    """Request seed -> the server's completed answer to it (each turn is answered once).
-    (The server's deques are copied with `list()` first: one C call, safe while it runs.)"""
-    done = [a for a in list(server.answers) if a["finish_reason"] != "abort"]
-    counts = Counter(a["seed"] for a in done)
-    assert max(counts.values()) == 1, "a turn was generated twice"
-    return {a["seed"]: a for a in done}
-
-
-def steps_of(batches: list[Any]) -> list[tuple[dict[str, Any], int]]:
-    """(step, its request seed) of every step of the batches."""
-    return [(step, seed) for batch in batches for traj in batch.trajectories
-            for step, seed in zip(traj["steps"], step_seeds(traj), strict=True)]
 
 
 # -- pause, expiry and stop close the requests in flight ------------------------------------
@@ -183,19 +147,6 @@ def test_a_producer_stop_closes_its_requests(fake_llm, producer_thread, r: redis
 
 
 # -- weight updates while producers run --------------------------------------------------------
-def run_steps(batcher: Batcher, servers: ModelServers, steps: int) -> list[Any]:
-    """The documented trainer step: get_batch, (train), update the servers, ack, publish."""
-    batches = []
-    for _ in range(steps):
-        batch = batcher.get_batch(timeout_s=30)
-        batches.append(batch)
-        version = batcher.version + 1
-        servers.update(version, f"/ckpt/{version}")
-        batcher.ack(batch)
-        batcher.publish_version(version)
-    return batches
-
-
 def check_staleness_spread(versions: set[int]) -> None:
     """The first batch is all version 0; the last, taken at version 3 with ratio 1, only
     holds trajectories that started at version 2 or later."""
@@ -208,7 +159,8 @@ def test_sglang_updates_while_producers_run(fake_llm, producer_thread, r: redis.
     aborted by an update (held in flight when it lands) are sent again, once each."""
     # mostly malformed replies (no-op steps): episodes run to their 6 steps, so second turns
     # are in flight when the hold starts (ROLL's lake is often solved in one or two moves)
-    server = fake_llm(latency_s=0.003, load_time_s=0.05, p_good=0.3, malformed_share=1.0)
+    server = fake_llm(flavor="sglang", latency_s=0.003, load_time_s=0.05, p_good=0.3,
+                      malformed_share=1.0)
     batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
     servers = ModelServers.for_batcher(batcher, "sglang")
     producer_thread()
@@ -249,7 +201,7 @@ def test_a_version_ahead_of_the_run_from_a_server_it_never_loaded_is_not_the_run
     run is at 0-1): the run has no record of it and cannot have made version 5 yet, so its
     turns are labelled with the producer's version. Before, they were labelled 5: negative
     staleness, the trajectories' version_start ahead of the run."""
-    server = fake_llm(latency_s=0.003, weight_version="5")
+    server = fake_llm(flavor="sglang", latency_s=0.003, weight_version="5")
     batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
     producer_thread()
     batches = []
@@ -314,7 +266,7 @@ def test_a_loader_callable_and_errors_that_name_the_server(fake_llm, r: redis.Re
     with pytest.raises(ServerUpdateError, match=f"^model server {bad.base_url}: .* cannot be "
                        "reached"):
         sglang.update(5, "/ckpt/5")
-    slow = fake_llm(load_time_s=3.0)  # takes the update, answers after 3 s
+    slow = fake_llm(flavor="sglang", load_time_s=3.0)  # takes the update, answers after 3 s
     with pytest.raises(ServerUpdateError, match=f"^model server {slow.base_url}: .* did not "
                        "answer within 0.5s"):
         ModelServers(r, run, [slow.base_url], method="sglang", timeout_s=0.5,
@@ -327,7 +279,7 @@ def test_a_loader_callable_and_errors_that_name_the_server(fake_llm, r: redis.Re
 
 def test_require_version_holds_turns_until_a_server_catches_up(
         fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
-    server = fake_llm(latency_s=0.003, load_time_s=0.02)
+    server = fake_llm(flavor="sglang", latency_s=0.003, load_time_s=0.02)
     batcher = Batcher(r, lake_config([server.base_url], ratio=1, require_version=True),
                       run=run)
     servers = ModelServers.for_batcher(batcher, "sglang")
@@ -357,7 +309,7 @@ def test_require_version_keeps_a_new_versions_episodes_within_the_ratio(
     of step v. It waits for a server holding v; the episodes of step v - 1 go on with v - 1.
     With the floor `run version - ratio` it was served by v - 1 and handed out at v + 1, two
     versions stale."""
-    server = fake_llm(latency_s=0.003)
+    server = fake_llm(flavor="sglang", latency_s=0.003)
     batcher = Batcher(r, lake_config([server.base_url], ratio=1, require_version=True),
                       run=run)
     servers = ModelServers.for_batcher(batcher, "sglang", watch_s=None)
@@ -463,7 +415,8 @@ def restarted(server: Any) -> FakeLLMServer:
     """`server` killed and started again on its port: its launch weights, no adapters."""
     port = server.port
     server.stop()
-    return FakeLLMServer(FakeLLMOptions(latency_s=server.options.latency_s), port=port).start()
+    return FakeLLMServer(FakeLLMOptions(flavor=server.options.flavor,
+                                        latency_s=server.options.latency_s), port=port).start()
 
 
 def test_a_restarted_sglang_server_is_set_aside_until_its_weights_are_loaded_again(
@@ -471,7 +424,7 @@ def test_a_restarted_sglang_server_is_set_aside_until_its_weights_are_loaded_aga
     """Its answers report the launch weights ("default") where version 2 was loaded: none of
     them is used (before, they were labelled version 2 from the record); `heal()` loads the
     recorded checkpoint again and the run goes on."""
-    server = fake_llm(latency_s=0.003)
+    server = fake_llm(flavor="sglang", latency_s=0.003)
     batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
     servers = ModelServers.for_batcher(batcher, "sglang", watch_s=None)
     producer_thread()
@@ -508,7 +461,8 @@ def test_a_server_that_missed_every_update_is_set_aside_not_mislabelled(
     weights with no record: its turns were labelled with the run's version (the producer's
     fallback), weights they did not come from. It is not used until the trainer's
     `ModelServers` loads a checkpoint into it (here its next update)."""
-    a, b = fake_llm(latency_s=0.003), fake_llm(latency_s=0.003)
+    flavor = "sglang" if method == "sglang" else "vllm"
+    a, b = fake_llm(flavor=flavor, latency_s=0.003), fake_llm(flavor=flavor, latency_s=0.003)
     batcher = Batcher(r, lake_config([a.base_url, b.base_url]), run=run)
     servers = ModelServers.for_batcher(batcher, method, watch_s=None)
     producer_thread()
@@ -591,7 +545,7 @@ def test_heal_asks_what_each_server_holds(fake_llm, r: redis.Redis, run: str) ->
     threading.Thread(target=older.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{older.server_address[1]}/v1"
-        gone = fake_llm()
+        gone = fake_llm(flavor="sglang")
         gone_url = gone.base_url
         sglang = ModelServers(r, run, [url, gone_url], method="sglang", timeout_s=5,
                               watch_s=None)
@@ -641,7 +595,7 @@ def test_heal_brings_every_server_to_the_newest_checkpoint(fake_llm, r: redis.Re
     """B was down during the update to 3 and comes back with its launch weights; C came back
     reporting version 2 (relaunched from /ckpt/2): both get /ckpt/3, the newest recorded (B's
     own record says 2: loading that would put it a version behind the run)."""
-    a, b, c = fake_llm(), fake_llm(), fake_llm()
+    a, b, c = (fake_llm(flavor="sglang") for _ in range(3))
     servers = ModelServers(r, run, [a.base_url, b.base_url, c.base_url], method="sglang",
                            timeout_s=5, watch_s=None)
     servers.update(2, "/ckpt/2")
@@ -651,7 +605,8 @@ def test_heal_brings_every_server_to_the_newest_checkpoint(fake_llm, r: redis.Re
     assert servers.holding()[b.base_url] == (2, None)
     b_again = restarted(b)
     c.stop()
-    c_again = FakeLLMServer(FakeLLMOptions(weight_version="2", model_path="/ckpt/2"),
+    c_again = FakeLLMServer(FakeLLMOptions(flavor="sglang", weight_version="2",
+                                           model_path="/ckpt/2"),
                             port=c.port).start()
     try:
         assert servers.heal() == {b.base_url: 3, c.base_url: 3}

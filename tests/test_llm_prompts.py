@@ -3,8 +3,6 @@ action_pattern, one turn's request body and the reply read back (pure logic, no 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from helpers import small_config
 
@@ -147,13 +145,10 @@ def test_an_env_without_an_instruction_gets_the_template_only() -> None:
 def test_request_body() -> None:
     messages = [{"role": "user", "content": "hé"}]
     sampling = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 16}
-    body = json.loads(request_body("m", messages, sampling=sampling, seed=5,
-                                   extra_body={"min_p": 0.1}))
+    body = request_body("m", messages, sampling=sampling, seed=5, extra_body={"min_p": 0.1})
     assert body == {"model": "m", "messages": messages, "temperature": 0.7, "top_p": 0.9,
                     "max_tokens": 16, "seed": 5, "logprobs": True, "return_token_ids": True,
                     "min_p": 0.1}
-    assert request_body("m", messages, sampling=sampling, seed=5, extra_body={}).startswith(
-        b'{"model":"m",')  # the pool splices another model name in there
 
 
 def test_members_of_a_group_send_different_seeds() -> None:
@@ -178,6 +173,44 @@ def test_turn_from_a_vllm_answer() -> None:
     assert turn.version is None and turn.version_source is None
 
 
+def test_turn_from_sglang_and_llama_server_answers() -> None:
+    """SGLang 0.5 puts both ids per choice; llama-server only in the logprobs entries."""
+    sglang = {"choices": [{"message": {"content": "x"}, "finish_reason": "stop",
+                           "prompt_token_ids": [1, 2], "response_token_ids": [7, 8],
+                           "logprobs": {"content": [{"token": "x", "logprob": -1.0},
+                                                    {"token": "y", "logprob": -2.0}]}}],
+              "metadata": {"weight_version": "2", "weight_versions": [
+                  {"version": "1", "start": 0, "end": 1}, {"version": "2", "start": 1,
+                                                            "end": 2}]}}
+    turn = turn_from_answer(sglang)
+    assert list(turn.prompt_ids) == [1, 2] and list(turn.response_ids) == [7, 8]
+    assert (turn.version, turn.version_source) == (1, "server")  # its oldest tokens
+    assert turn.extra["version_spans"] == [[1, 0, 1], [2, 1, 2]]
+    llama = {"choices": [{"message": {"content": "x"}, "finish_reason": "length",
+                          "logprobs": {"content": [{"id": 9, "token": "x", "logprob": -1.0,
+                                                    "top_logprobs": []}]}}]}
+    turn = turn_from_answer(llama)
+    assert turn.prompt_ids is None and list(turn.response_ids) == [9]
+    assert "version_spans" not in turn.extra and turn.version is None
+
+
+def test_logprob_entries_that_merged_tokens_give_no_ids_or_logprobs() -> None:
+    """llama-server gives one entry per piece of text: two tokens of one UTF-8 character
+    share an entry, so 3 entries stand for 4 tokens; their ids and logprobs would be wrong."""
+    from producers.llm.chat import merged_entries
+
+    entries = [{"id": i, "token": "x", "logprob": -1.0} for i in (5, 6, 7)]
+    data = {"choices": [{"message": {"content": "xxx"}, "finish_reason": "length",
+                         "logprobs": {"content": entries}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}
+    assert merged_entries(data) == (3, 4)
+    turn = turn_from_answer(data)
+    assert turn.response_ids is None and turn.logprobs is None and turn.text == "xxx"
+    data["usage"]["completion_tokens"] = 3
+    assert merged_entries(data) is None
+    assert list(turn_from_answer(data).response_ids) == [5, 6, 7]
+
+
 def test_turn_without_token_ids_or_logprobs() -> None:
     data = {"choices": [{"message": {"content": None}, "finish_reason": "length"}]}
     turn = turn_from_answer(data)
@@ -189,6 +222,16 @@ def test_turn_without_token_ids_or_logprobs() -> None:
     ({"metadata": {"weight_version": "4"}}, 4),  # SGLang's chat completions
     ({"meta_info": {"weight_version": 2}}, 2),  # SGLang's native shape
     ({"metadata": {"weight_version": "default"}}, None),  # never set: no version
+    # vLLM 0.33's spans (return_weight_versions): one label
+    ({"choices": [{**answer()["choices"][0],
+                   "weight_versions": [{"version": "3", "start": 0, "end": 2}]}]}, 3),
+    # SGLang's spans: a turn kept across an update counts from its oldest tokens
+    ({"metadata": {"weight_version": "5", "weight_versions": [
+        {"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 2}]}}, 4),
+    # launch weights for some tokens: not one of ours, whatever the rest says
+    ({"metadata": {"weight_version": "5", "weight_versions": [
+        {"version": "default", "start": 0, "end": 1},
+        {"version": "5", "start": 1, "end": 2}]}}, None),
 ])
 def test_the_weight_version_a_server_reports(top: dict, version: int | None) -> None:
     turn = turn_from_answer(answer(**top))

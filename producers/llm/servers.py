@@ -21,8 +21,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from producers.llm.dialects import OTHER, Dialect
 from producers.llm.replies import Transient
 from schemas.errors import PolicyError
 from schemas.policy import ServerRecord
@@ -37,8 +39,8 @@ COOLDOWN_MAX_S = 5.0
 VERSION_RECHECK_S = 1.0  # a request waiting for a server's version looks again at least this
 # often (`set_versions` wakes it at once when a version changes)
 
-HealthCheck = Callable[["Server"], Awaitable["set[str] | str"]]  # GET /models: its model ids,
-# or why it does not answer
+HealthCheck = Callable[["Server"], Awaitable["list[dict[str, Any]] | str"]]  # GET /models: its
+# model cards, or why it does not answer
 
 
 @dataclass(eq=False)
@@ -58,6 +60,14 @@ class Server:
     reports: bool = False  # recorded as reporting `weight_version` in each answer (SGLang)
     down_reason: str = ""  # when down: why (the failure that set it aside)
     hung: bool = False  # down for a timeout: probed with `GET /models`, not with a turn
+    # what the pool learnt of it (producers.llm.adapt): which server it is, its context
+    # window, the fields its requests get or lose, what was said of its answers
+    dialect: Dialect = OTHER
+    context_len: int | None = None
+    adds: dict[str, Any] = field(default_factory=dict)
+    dropped: set[str] = field(default_factory=set)
+    said: set[str] = field(default_factory=set)
+    learning: bool = True  # its answers are still looked at (adapt.learn)
 
     @property
     def chat_url(self) -> str:

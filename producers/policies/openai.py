@@ -83,6 +83,7 @@ class OpenAIPolicy:
         self._bad_records: set[str] = set()  # unreadable `{RUN}:servers` fields, warned once
         # server -> (first abort of the streak, aborts since, warned): its turns keep aborting
         self._aborting: dict[str, tuple[float, int, bool]] = {}
+        self._merging: set[str] = set()  # servers warned about merged logprob entries
 
     async def start(self, context: PolicyContext | None = None) -> None:
         """Read the API key, open the HTTP session, check that a server serves the model,
@@ -100,10 +101,13 @@ class OpenAIPolicy:
             gc.set_threshold(GC_GEN0_THRESHOLD, *threshold[1:])
         self.pool = self._pool_class(config.base_urls, api_key=api_key,
                                      timeout_s=config.timeout_s, max_retries=config.max_retries,
-                                     max_inflight=config.max_inflight, model=config.model)
+                                     max_inflight=config.max_inflight, model=config.model,
+                                     resolve_wait_s=config.resolve_timeout_s)
         await self.pool.start()
         try:
-            await self.pool.check_model(config.model)
+            # what the trainer loaded: SGLang serves a loaded checkpoint under its path
+            records = await self._records(context) if context is not None else None
+            await self.pool.check_model(config.model, records)
         except BaseException:
             await self.close()
             raise
@@ -159,6 +163,8 @@ class OpenAIPolicy:
                                          seed=chat.turn_seed(ctx), extra_body=config.extra_body)
                 answer = await self.pool.chat(body, min_version=min_version)
             turn = chat.turn_from_answer(answer.data)
+            if turn.logprobs is None:
+                self._merged(answer.server.base_url, answer.data)
             if turn.finish_reason == "abort":  # SGLang, while it loads new weights
                 self._aborted(answer.server.base_url)
                 raise TurnAborted(f"model server {answer.server.base_url} aborted it")
@@ -184,6 +190,20 @@ class OpenAIPolicy:
         parse = getattr(env, "parse_action", None)
         action = parse(turn.text) if parse is not None else None
         return (-1 if action is None else action), turn
+
+    def _merged(self, server: str, data: dict[str, Any]) -> None:
+        """One warning per server whose logprob entries do not match its tokens (see
+        `producers.llm.chat.merged_entries`): such turns carry no ids or logprobs."""
+        merged = self._chat.merged_entries(data)
+        if merged is None:
+            return
+        metrics.llm_error(server, "merged_logprobs")
+        if server in self._merging:
+            return
+        self._merging.add(server)
+        logger.warning("model server %s gave %d logprob entries for %d generated tokens (it "
+                       "merges the tokens of a character split across tokens, as llama-server "
+                       "does): such turns carry no token ids or logprobs", server, *merged)
 
     def _aborted(self, server: str) -> None:
         """One more turn `server` aborted; one warning once it has aborted every turn for
@@ -230,12 +250,18 @@ class OpenAIPolicy:
         context = self._context
         if context is None or self.pool is None:
             return
+        records = await self._records(context)
+        if records is not None:
+            self.pool.set_versions(records)
+
+    async def _records(self, context: PolicyContext) -> dict[str, ServerRecord] | None:
+        """`{RUN}:servers` by base URL; None when Redis cannot be read (logged)."""
         try:
             raw = await context.redis.hgetall(context.keys.servers)
         except RedisError as exc:
             logger.warning("cannot read %s (%s); turns go on with the versions known",
                            context.keys.servers, exc)
-            return
+            return None
         records: dict[str, ServerRecord] = {}
         for field, value in raw.items():
             url = field.decode() if isinstance(field, bytes) else str(field)
@@ -246,4 +272,4 @@ class OpenAIPolicy:
                 self._bad_records.add(url)
                 logger.warning("%s has an unreadable entry for %s: %r", context.keys.servers,
                                url, value)
-        self.pool.set_versions(records)
+        return records
