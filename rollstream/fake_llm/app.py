@@ -308,6 +308,7 @@ class FakeLLMServer:
             half = len(tokens) // 2
             spans = [(first, 0, half), (last, half, len(tokens))]
         self.stats["completed"] += 1
+        self.stats["tokens_generated"] += len(tokens)  # what the model sampled
         return self._completion(body, model, Reply(text, tokens, logprobs, finish, prompt,
                                                    spans))
 
@@ -315,6 +316,8 @@ class FakeLLMServer:
                  logprobs: list[float] | None = None, label: str | None = None) -> Reply:
         """What an aborted request answers: the tokens generated so far (half, here)."""
         label = self.control.label if label is None else label
+        if tokens is not None:  # sampled before the abort (SGLang answers none of them)
+            self.stats["tokens_generated"] += len(tokens) // 2
         if not self.flavor.abort_finish or tokens is None:
             return Reply("", [], [], "abort", prompt, [(label, 0, 0)])
         kept = tokens[: len(tokens) // 2] if self.flavor.name != "sglang" else []
@@ -327,7 +330,7 @@ class FakeLLMServer:
             body = {k: v for k, v in body.items() if k != "return_token_ids"}
         out = self.flavor.answer(body, model, answer)
         self.answers.append({"seed": body.get("seed"), "model": model,
-                             "finish_reason": answer.finish,
+                             "finish_reason": answer.finish, "tokens": len(answer.pieces),
                              "weight_version": answer.spans[-1][0] if answer.spans
                              else self.control.label})
         return json_response(out)
