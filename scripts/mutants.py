@@ -1038,9 +1038,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "sync-carry-stale", "consumer/assembly.py",
-        "oldest = version - state.schedule.bound",
-        "oldest = version - state.schedule.ratio",
-        "a carried-over group is not evicted as stale at the publish",
+        "or version - version_start > schedule.bound",
+        "or version - version_start > schedule.ratio",
+        "a carried-over trajectory (started a version back) is not dropped as stale",
         (f"{PARTIAL}::test_sync_stays_on_policy_unless_the_carry_over_is_asked_for[True]",),
     ),
     Mutant(
