@@ -287,21 +287,25 @@ class FakeLLMServer:
         logprobs = [round(rng.uniform(low, high), 4) for _ in tokens]
         delay = opts.latency_s * math.exp(opts.latency_sigma * rng.gauss(0, 1))
         first = self.control.label
-        if self._hold is not None and self._hold in raw:
-            self.stats["held"] += 1
-            try:
-                why = await self.wait(None, held=True)
-            finally:
-                self.stats["held"] -= 1
+        try:  # (a client that closes the request: half its tokens were sampled by then)
+            if self._hold is not None and self._hold in raw:
+                self.stats["held"] += 1
+                try:
+                    why = await self.wait(None, held=True)
+                finally:
+                    self.stats["held"] -= 1
+                if why != "done":
+                    self.stats["aborted"] += 1
+                    return self._completion(body, model, self._aborted(prompt, tokens, logprobs,
+                                                                       first))
+            why = await self.wait(None if hang else delay)
             if why != "done":
                 self.stats["aborted"] += 1
-                return self._completion(body, model, self._aborted(prompt, tokens, logprobs,
-                                                                   first))
-        why = await self.wait(None if hang else delay)
-        if why != "done":
-            self.stats["aborted"] += 1
-            return self._completion(body, model, self._aborted(prompt, tokens, logprobs, first))
-        await self.control.frozen()  # paused in keep / in_place / retract: continued after
+                return self._completion(body, model, self._aborted(prompt, tokens, logprobs, first))
+            await self.control.frozen()  # paused in keep / in_place / retract: continued after
+        except asyncio.CancelledError:
+            self.stats["tokens_generated"] += len(tokens) // 2
+            raise
         last = self.control.label
         spans = [(first, 0, len(tokens))]
         if last != first:  # the weights changed while it was frozen: half by each
