@@ -10,7 +10,8 @@ the documented trainer loop (`get_batch`, `ModelServers.update` through vLLM's `
 finishes every episode already admitted, so every token the server sampled is either in a
 trajectory (handed out, or committed to the streams) or was thrown away:
 
-    discarded = the server's sampled tokens - the tokens the trajectories carry
+    discarded = the server's sampled tokens - the tokens of the batches handed out
+                - the tokens of the trajectories left in the streams at the end
 
 (the stand-in counts what it sampled: a completed answer's tokens, half of an aborted or
 closed request's). Printed per weight update (async) or per sync step (one publish each):
@@ -49,7 +50,8 @@ from schemas.config import RolloutConfig  # noqa: E402
 @dataclass
 class Result:
     generated: int  # tokens the server sampled
-    carried: int  # tokens in trajectories
+    handed: int  # tokens in the batches handed out
+    left: int  # tokens in trajectories still in the streams at the end
     publishes: int
     update_s: list[float]
     aborted: int  # requests the server aborted
@@ -58,7 +60,7 @@ class Result:
 
     @property
     def discarded(self) -> int:
-        return self.generated - self.carried
+        return self.generated - self.handed - self.left
 
     @property
     def per_publish(self) -> float:
@@ -136,9 +138,10 @@ def one_run(args: argparse.Namespace, url: str, *, ratio: int, batch_envs: int,
             if time.monotonic() > deadline:
                 raise SystemExit("the producer did not finish its admitted episodes")
             time.sleep(0.05)
-        carried = tokens_of(delivered) + tokens_of(stream_trajs(client, batcher, args.groups))
+        left = tokens_of(stream_trajs(client, batcher, args.groups))
         stats = server.stats
-        return Result(stats["tokens_generated"], carried, args.steps, update_s,
+        return Result(stats["tokens_generated"], tokens_of(delivered), left, args.steps,
+                      update_s,
                       stats["aborted"], stats["cancelled"], stale)
     finally:
         servers.close()
@@ -154,7 +157,7 @@ def ratio_text(a: float, b: float) -> str:
 
 
 def row(name: str, res: Result, per: str) -> str:
-    return (f"| {name} | {res.generated} | {res.carried} | {res.discarded} | "
+    return (f"| {name} | {res.generated} | {res.handed} | {res.left} | {res.discarded} | "
             f"{res.per_publish:.0f} per {per} | {res.aborted} | {res.cancelled} | "
             f"{statistics.mean(res.update_s) * 1000:.0f} ms |")
 
@@ -181,9 +184,9 @@ def main() -> None:
                         partial={"sync_carry_over": True})
     print(f"{args.groups * 4} envs, {args.steps} publishes, server latency {args.latency_s}s, "
           f"load {args.load_time_s}s")
-    print("| run | tokens sampled | in trajectories | discarded | discarded | aborted | "
-          "closed | update holds |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| run | tokens sampled | handed out | left in streams | discarded | discarded | "
+          "aborted | closed | update holds |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print(row("async, in_flight keep", keep, "update"))
     print(row("async, in_flight abort", abort, "update"))
     print(row(f"sync, batch {half}/{envs}, on-policy", on_policy, "step"))
@@ -191,6 +194,8 @@ def main() -> None:
     print(f"async discarded per update, keep / abort: "
           f"{ratio_text(keep.per_publish, abort.per_publish)} "
           f"({keep.per_publish:.0f} / {abort.per_publish:.0f} tokens)")
+    print(f"sync handed out / sampled, carry-over {carry.handed / carry.generated:.2f}, "
+          f"on-policy {on_policy.handed / on_policy.generated:.2f}")
     print(f"sync discarded per step, carry-over / on-policy: "
           f"{ratio_text(carry.per_publish, on_policy.per_publish)} "
           f"({carry.per_publish:.0f} / {on_policy.per_publish:.0f} tokens)")
