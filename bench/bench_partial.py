@@ -14,7 +14,10 @@ trajectory (handed out, or committed to the streams) or was thrown away:
                 - the tokens of the trajectories left in the streams at the end
 
 (the stand-in counts what it sampled: a completed answer's tokens, half of an aborted or
-closed request's). Printed per weight update (async) or per sync step (one publish each):
+closed request's, `tokens_cut`). Discarded tokens are of two kinds: those of turns cut (aborted
+by an update, closed by a pause), and whole turns of episodes that expired or were dropped as
+stale (the staleness bound's, not the update's). Printed per weight update (async) or per
+sync step (one publish each):
 - async (`async_generation_ratio: 1`, every env in the batch): `in_flight: keep` against
   `abort` (the requests in flight at an update are aborted and sent again); target 0;
 - sync, a batch of half the envs (the other half are in flight at each hand-out): on-policy
@@ -54,6 +57,7 @@ class Result:
     left: int  # tokens in trajectories still in the streams at the end
     publishes: int
     update_s: list[float]
+    cut: int  # tokens of requests aborted or closed before they finished
     aborted: int  # requests the server aborted
     cancelled: int  # requests the producer closed
     stale_dropped: float
@@ -141,7 +145,7 @@ def one_run(args: argparse.Namespace, url: str, *, ratio: int, batch_envs: int,
         left = tokens_of(stream_trajs(client, batcher, args.groups))
         stats = server.stats
         return Result(stats["tokens_generated"], tokens_of(delivered), left, args.steps,
-                      update_s,
+                      update_s, stats["tokens_cut"],
                       stats["aborted"], stats["cancelled"], stale)
     finally:
         servers.close()
@@ -158,8 +162,9 @@ def ratio_text(a: float, b: float) -> str:
 
 def row(name: str, res: Result, per: str) -> str:
     return (f"| {name} | {res.generated} | {res.handed} | {res.left} | {res.discarded} | "
-            f"{res.per_publish:.0f} per {per} | {res.aborted} | {res.cancelled} | "
-            f"{statistics.mean(res.update_s) * 1000:.0f} ms |")
+            f"{res.per_publish:.0f} per {per} | {res.cut} ({res.aborted} aborted, "
+            f"{res.cancelled} closed) | {res.discarded - res.cut} ({res.stale_dropped:.0f} "
+            f"dropped stale) | {statistics.mean(res.update_s) * 1000:.0f} ms |")
 
 
 def main() -> None:
@@ -185,7 +190,8 @@ def main() -> None:
     print(f"{args.groups * 4} envs, {args.steps} publishes, server latency {args.latency_s}s, "
           f"load {args.load_time_s}s")
     print("| run | tokens sampled | handed out | left in streams | discarded | discarded | "
-          "aborted | closed | update holds |")
+          "of which in turns cut | in finished turns of episodes expired or dropped | "
+          "update holds |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print(row("async, in_flight keep", keep, "update"))
     print(row("async, in_flight abort", abort, "update"))
@@ -193,7 +199,8 @@ def main() -> None:
     print(row(f"sync, batch {half}/{envs}, carry-over", carry, "step"))
     print(f"async discarded per update, keep / abort: "
           f"{ratio_text(keep.per_publish, abort.per_publish)} "
-          f"({keep.per_publish:.0f} / {abort.per_publish:.0f} tokens)")
+          f"({keep.per_publish:.0f} / {abort.per_publish:.0f} tokens); in turns cut (aborted "
+          f"or closed): {ratio_text(keep.cut, abort.cut)} ({keep.cut} / {abort.cut} tokens)")
     print(f"sync handed out / sampled, carry-over {carry.handed / carry.generated:.2f}, "
           f"on-policy {on_policy.handed / on_policy.generated:.2f}")
     print(f"sync discarded per step, carry-over / on-policy: "

@@ -305,6 +305,7 @@ class FakeLLMServer:
             await self.control.frozen()  # paused in keep / in_place / retract: continued after
         except asyncio.CancelledError:
             self.stats["tokens_generated"] += len(tokens) // 2
+            self.stats["tokens_cut"] += len(tokens) // 2
             raise
         last = self.control.label
         spans = [(first, 0, len(tokens))]
@@ -322,6 +323,7 @@ class FakeLLMServer:
         label = self.control.label if label is None else label
         if tokens is not None:  # sampled before the abort (SGLang answers none of them)
             self.stats["tokens_generated"] += len(tokens) // 2
+            self.stats["tokens_cut"] += len(tokens) // 2  # of requests that did not finish
         if not self.flavor.abort_finish or tokens is None:
             return Reply("", [], [], "abort", prompt, [(label, 0, 0)])
         kept = tokens[: len(tokens) // 2] if self.flavor.name != "sglang" else []
