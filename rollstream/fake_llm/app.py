@@ -8,7 +8,10 @@ mode answers 503; other pauses and a weight load make it wait), the context wind
 or the turn's budget cut to fit, as the flavor's server does), the reply (seeded by the body),
 its latency (a weight update or an abort ends it early: `finish_reason: "abort"` with the
 tokens so far; a pause in keep / in_place / retract mode freezes it), then the flavor's shape
-with the weight-version spans of the tokens.
+with the weight-version spans of the tokens. `stats["tokens_generated"]` counts the tokens the
+model sampled (a request aborted or closed by its client had sampled half of its reply:
+those are also in `stats["tokens_cut"]`), so a test can compare them with what trajectories
+carry.
 """
 
 from __future__ import annotations
