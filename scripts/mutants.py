@@ -1060,6 +1060,22 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again[keep]",),
     ),
     Mutant(
+        "kept-turn-lost-weights", "producers/llm/pool.py",
+        "lost = labels[-1][0] if labels and not labels[-1][0].isdigit() else None",
+        "lost = next((lb for lb, _, _ in labels if not lb.isdigit()), None)",
+        "a kept turn is never doubled: one that began on the launch weights is not taken for "
+        "a server that lost its weights (set aside, the turn sent again)",
+        (f"{PARTIAL}::test_a_turn_kept_through_the_first_update_is_used_not_sent_again",),
+    ),
+    Mutant(
+        "kept-turn-launch-label", "producers/llm/chat.py",
+        'labels = [(label if label.isdigit() else "0", start, end)',
+        'labels = [(label, start, end)',
+        "a turn kept from the launch weights into version 1 is labelled 0 (its oldest token), "
+        "not with the version recorded when it answered",
+        (f"{PARTIAL}::test_a_turn_kept_through_the_first_update_is_used_not_sent_again",),
+    ),
+    Mutant(
         "import-canary", "schemas/keys.py",
         'CONSUMER_GROUP = "batcher"',
         'raise RuntimeError("mutant canary: the copy is what gets imported")\n'

@@ -268,3 +268,40 @@ def test_sync_stays_on_policy_unless_the_carry_over_is_asked_for(
     sent = Counter(body["seed"] for body in list(server.requests))
     assert all(sent[seed] == 1 for seed in slow_firsts)  # kept, not sent again
     assert {seed for _, seed in steps_of([second])} >= slow_firsts
+
+
+def test_a_turn_kept_through_the_first_update_is_used_not_sent_again(fake_llm) -> None:
+    """The pool knows the server holds version 1 (it reports versions) when a turn kept
+    through the first update answers with spans `default` (launch weights) then `1`: the
+    answer is used, labelled version 0 with both spans; the server is not set aside for lost
+    weights and the turn is not sent again (generated twice)."""
+    from llm_helpers import http
+    from test_llm_pool import run_pool
+
+    from producers.llm.chat import turn_from_answer
+    from schemas.policy import ServerRecord
+
+    server = fake_llm(flavor="vllm", latency_s=0.001)
+    server.hold()
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+            "logprobs": True, "return_token_ids": True, "seed": 1}
+
+    async def scenario(pool: Any) -> Any:
+        await pool.check_model("fake-model")
+        pool.set_versions({server.base_url: ServerRecord(1, checkpoint="/ckpt/1",
+                                                         reports=True)})
+        turn = asyncio.create_task(pool.chat(body))
+        while server.stats["held"] < 1:
+            await asyncio.sleep(0.01)
+        for url, data in ((f"{server.url}/pause?mode=keep", {}),
+                          (f"{server.url}/update_weight_version", {"new_version": "1"}),
+                          (f"{server.url}/resume", {})):
+            assert (await asyncio.to_thread(http, url, data))[0] == 200
+        server.release()
+        return await asyncio.wait_for(turn, 10)
+
+    answer = run_pool([server.base_url], scenario)
+    kept = turn_from_answer(answer.data)
+    assert kept.version == 0 and kept.extra["version_spans"][0][0] == 0
+    assert [row[0] for row in kept.extra["version_spans"]] == [0, 1]
+    assert server.stats["requests"] == 1 and answer.attempts == 1
