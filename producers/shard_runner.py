@@ -181,7 +181,9 @@ class ShardRunner:
     async def interrupt_loop(self) -> None:
         """On every control change, cut short the policy calls in flight whose gate would
         no longer pass (a pause, the episode's expiry, a stop): their HTTP requests close,
-        so the model servers are idle while the trainer updates them."""
+        so the model servers are idle while the trainer updates them. With
+        `partial_rollout.in_flight: keep` a pause whose episodes live on lets them finish
+        instead (`producers.partial`)."""
         state = self.state
         while not self._stopping:
             await state.wait_change()
