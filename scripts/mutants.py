@@ -1057,7 +1057,10 @@ MUTANTS: tuple[Mutant, ...] = (
         'KEEPING = {"vllm": "keep", "sglang": "retract"}',
         'KEEPING = {"vllm": "abort"}',
         "a kept turn is never doubled: an update with in_flight keep pauses in a keeping mode",
-        (f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again[keep]",),
+        (f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again"
+         "[keep-vllm]",
+         f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again"
+         "[keep-sglang]"),
     ),
     Mutant(
         "kept-turn-lost-weights", "producers/llm/pool.py",
