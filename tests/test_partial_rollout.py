@@ -124,6 +124,9 @@ def test_what_a_control_change_cuts_short() -> None:
     assert sync_keep.must_cut(None, sync)  # sync, on-policy: its episodes expire at publish
     assert not sync_carry.must_cut(None, sync)
     assert not sync_carry.must_cut(None, sync | operator)
+    abort_carry = InFlightRule(lake_config(url, partial_rollout={"sync_carry_over": True,
+                                                                 "in_flight": "abort"}))
+    assert abort_carry.must_cut(None, sync)  # carried over, but its turn is sent again
 
 
 # -- async: a weight update with turns in flight ----------------------------------------------
