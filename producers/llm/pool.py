@@ -274,7 +274,8 @@ class ServerPool:
                    min_version: int | None = None) -> Answer:
         """POST `body` (a request dict, or its JSON) to `/chat/completions`, shaped for the
         server it goes to (`producers.llm.adapt`; see the module docstring for the retries),
-        to a server holding at least `min_version` when given."""
+        to a server holding at least `min_version` when given. A body with a `prompt` (a
+        token-id prompt, `producers.llm.tito`) goes to `/completions` instead."""
         assert self._slots is not None
         if isinstance(body, bytes | bytearray):
             body = orjson.loads(body)
@@ -349,7 +350,8 @@ class ServerPool:
         server.inflight += 1
         t0 = time.perf_counter()
         try:
-            async with self._session.post(server.chat_url, data=payload,
+            url = server.completions_url if "prompt" in body else server.chat_url
+            async with self._session.post(url, data=payload,
                                           headers=self._headers) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -390,7 +392,8 @@ class ServerPool:
             if not isinstance(data, dict) or not data.get("choices"):
                 raise ValueError("no choices")
             choice = data["choices"][0]
-            if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            if not isinstance(choice, dict) or not (
+                    isinstance(choice.get("message"), dict) or isinstance(choice.get("text"), str)):
                 raise ValueError("choices[0] holds no message")
         except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
             metrics.llm_error(server.base_url, "bad_reply")

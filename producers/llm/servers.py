@@ -74,6 +74,10 @@ class Server:
         return f"{self.base_url}/chat/completions"
 
     @property
+    def completions_url(self) -> str:  # token-in/token-out (producers.llm.tito)
+        return f"{self.base_url}/completions"
+
+    @property
     def models_url(self) -> str:
         return f"{self.base_url}/models"
 
