@@ -43,7 +43,7 @@ from rollstream.fake_llm.responses import json_response, unauthorized
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from rollstream.fake_llm.app import FakeLLMServer
+FakeLLMServer = Any  # rollstream.fake_llm.app's (not imported: app imports this module)
 
 _MESSAGE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\n?|$)", re.DOTALL)
 NO_ID_PROMPTS = {"llama-cpp-python": 422, "strict": 400}  # flavor -> status of the refusal
