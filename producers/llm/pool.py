@@ -59,8 +59,8 @@ import aiohttp
 import orjson
 
 from producers import metrics
-from producers.llm import adapt
-from producers.llm.dialects import context_limit, identify
+from producers.llm import adapt, tito
+from producers.llm.dialects import LLAMA_SERVER, context_limit, identify
 from producers.llm.replies import (
     TRANSIENT_4XX,
     Transient,
@@ -347,10 +347,14 @@ class ServerPool:
         model, version = server.model, server.version  # an adapter fixes its version now
         reports = server.reports
         sent, payload = adapt.shape(server, body)
+        url = server.chat_url
+        if "prompt" in body:  # token-in/token-out
+            url = server.completions_url
+            if server.dialect is LLAMA_SERVER:
+                sent, payload = tito.llama_native(sent)
         server.inflight += 1
         t0 = time.perf_counter()
         try:
-            url = server.completions_url if "prompt" in body else server.chat_url
             async with self._session.post(url, data=payload,
                                           headers=self._headers) as resp:
                 raw = await resp.read()
@@ -389,6 +393,8 @@ class ServerPool:
                                 f"(HTTP {status}): {error_text(raw)}")
         try:
             data = orjson.loads(raw)
+            if "return_tokens" in sent and isinstance(data, dict):
+                data = tito.from_llama_native(data)
             if not isinstance(data, dict) or not data.get("choices"):
                 raise ValueError("no choices")
             choice = data["choices"][0]

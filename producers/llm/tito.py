@@ -21,10 +21,13 @@ whatever the template does to earlier turns.
   comes with it) and `return_token_ids`.
 - **The reply**: response ids from the server where it gives them (vLLM's and SGLang's
   `choices[0].token_ids` with `return_token_ids`, completion/protocol.py:688 and
-  protocol.py:513; llama-server's `logprobs.content[j].id`), else the reply text encoded with
-  the tokenizer; the step's `response_ids_source` says which (`server`, `tokenizer`).
+  protocol.py:513; llama-server's `tokens`: a llama-server gets token-id prompts at its own
+  `/completion` with `return_tokens`, `llama_native`), else the reply text encoded with the
+  tokenizer; the step's `response_ids_source` says which (`server`, `tokenizer`).
   Logprobs from the legacy `logprobs.token_logprobs` (vLLM, SGLang) or
-  `logprobs.content[j].logprob` (llama-server).
+  `logprobs.content[j].logprob` (llama-server), when there is one per token (llama-server
+  merges the entries of a character split across tokens: such a turn has exact ids and no
+  logprobs).
 """
 
 from __future__ import annotations
@@ -89,6 +92,38 @@ def request_body(model: str, prompt: list[int], *, sampling: dict[str, Any], see
     if extra_body:
         body.update(extra_body)
     return body
+
+
+def llama_native(body: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """A token-id request as llama-server's own `/completion` takes it: the same fields
+    (`max_tokens` and `logprobs` are its aliases of `n_predict` and `n_probs`,
+    `tools/server/server-schema.cpp:44-47,179-180`) and `return_tokens`, which gives the
+    sampled ids in `tokens` (:34, `server-context.cpp:1820`), every one of them: its logprob
+    entries merge the tokens of a character split across tokens, and its OpenAI
+    `/v1/completions` gives ids only there (`server-task.cpp:374-400`)."""
+    import orjson
+
+    out = {**body, "return_tokens": True}
+    return out, orjson.dumps(out)
+
+
+def from_llama_native(data: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's `/completion` answer (`server-task.cpp:340-372`: `content`, `tokens`,
+    `stop_type`, `tokens_evaluated`, `tokens_predicted`, `completion_probabilities`) in the
+    shape of an OpenAI completion; an error answer as it is."""
+    if "content" not in data or "tokens" not in data:
+        return data
+    probs = data.get("completion_probabilities")
+    prompt, completion = data.get("tokens_evaluated"), data.get("tokens_predicted")
+    choice = {"index": 0, "text": data["content"], "token_ids": data["tokens"],
+              "finish_reason": "length" if data.get("stop_type") == "limit" else "stop",
+              "logprobs": {"content": probs} if probs else None}
+    usage = None
+    if isinstance(prompt, int) and isinstance(completion, int):
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+                 "total_tokens": prompt + completion}
+    return {"choices": [choice], "model": data.get("model"), "usage": usage,
+            "object": "text_completion"}
 
 
 def turn_from_completion(data: dict[str, Any], prompt: list[int],

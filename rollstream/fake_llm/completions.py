@@ -18,9 +18,10 @@ Shapes, from the released code:
   `token_ids` and `prompt_token_ids` only when asked (:513-525); `/tokenize` and
   `/v1/tokenize` answer `tokens`, `count`, `max_model_len` (:1796-1801).
 - llama-server (llama.cpp in llama-cpp-python 0.3.36, `tools/server/`): a prompt of ids
-  (`server-common.cpp:1015`), the answer's ids only in `logprobs.content[j].id`
-  (`server-task.cpp:374-400`), no `token_ids`; `/tokenize` takes `content` and answers
-  `tokens` (`server-context.cpp:5065-5072`).
+  (`server-common.cpp:1015`); `/v1/completions` gives the answer's ids only in
+  `logprobs.content[j].id` (`server-task.cpp:374-400`), no `token_ids`; its own
+  `/completion` gives them in `tokens` with `return_tokens` (`server-task.cpp:340-365`);
+  `/tokenize` takes `content` and answers `tokens` (`server-context.cpp:5065-5072`).
 - llama-cpp-python 0.3.36 (`server/types.py:111`: `prompt` a string or strings) and
   transformers serve 5.24 (`cli/serving/completion.py:89-91`: "prompt must be a string.")
   refuse a prompt of ids.
@@ -94,14 +95,19 @@ def add_routes(app: web.Application, server: FakeLLMServer) -> None:
     async def tokenize(request: web.Request) -> web.Response:
         return await tokenize_endpoint(server, vocabulary, request)
 
+    async def native(request: web.Request) -> web.Response:
+        return await completions(server, vocabulary, request, native=True)
+
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/tokenize", tokenize)
+    if server.flavor.name == "llamacpp":
+        app.router.add_post("/completion", native)
     if server.flavor.name.startswith("sglang"):
         app.router.add_post("/v1/tokenize", tokenize)
 
 
 async def completions(server: FakeLLMServer, vocabulary: Vocabulary,
-                      request: web.Request) -> web.Response:
+                      request: web.Request, native: bool = False) -> web.Response:
     if not server.authorized(request):
         return unauthorized()
     import orjson
@@ -150,7 +156,28 @@ async def completions(server: FakeLLMServer, vocabulary: Vocabulary,
     if why != "done":  # an abort (a weight update, a stop): nothing kept
         out, logprobs, finish = [], [], "abort"
     server.stats["completed"] += 1
+    if native:
+        return json_response(native_answer(vocabulary, body, ids, out, logprobs, finish))
     return json_response(answer(server, vocabulary, body, ids, out, logprobs, finish))
+
+
+def native_answer(vocabulary: Vocabulary, body: dict[str, Any], prompt: list[int],
+                  out: list[int], logprobs: list[float], finish: str) -> dict[str, Any]:
+    """llama-server's own `/completion` answer (`server-task.cpp:340-365`): `tokens` only
+    with `return_tokens`; the end-of-turn token is among the tokens and the logprob entries
+    (`server-context.cpp:1820,1856`: every sampled token is added) but not in the text."""
+    kept = out[:-1] if out and out[-1] == vocabulary.eos and finish == "stop" else out
+    answer: dict[str, Any] = {
+        "index": 0, "content": vocabulary.decode(kept, special=False),
+        "tokens": out if body.get("return_tokens") else [], "id_slot": 0, "stop": True,
+        "model": body.get("model"), "tokens_predicted": len(out),
+        "tokens_evaluated": len(prompt), "truncated": False,
+        "stop_type": {"stop": "eos", "length": "limit"}.get(finish, "none"),
+        "stopping_word": "", "tokens_cached": len(prompt) + len(out) - 1}
+    if body.get("logprobs") or body.get("n_probs"):
+        answer["completion_probabilities"] = [_entry(vocabulary, i, lp)
+                                              for i, lp in zip(out, logprobs, strict=True)]
+    return answer
 
 
 def answer(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[str, Any],
@@ -163,13 +190,11 @@ def answer(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[str, Any],
              "total_tokens": len(prompt) + len(out)}
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
             "created": int(time.time()), "model": body.get("model")}
-    if flavor == "llamacpp":  # ids only in the logprob entries; the end-of-turn not among them
-        kept = out[:-1] if out and out[-1] == vocabulary.eos and finish == "stop" else out
+    if flavor == "llamacpp":  # ids only in the logprob entries
         entries = None
         if body.get("logprobs"):
             entries = {"content": [_entry(vocabulary, i, lp) for i, lp in
-                                   zip(kept, logprobs, strict=False)]}
-        usage["completion_tokens"] = len(kept)
+                                   zip(out, logprobs, strict=True)]}
         choice: dict[str, Any] = {"text": text, "index": 0, "logprobs": entries,
                                   "finish_reason": finish}
         return {"choices": [choice], **head, "usage": usage}
