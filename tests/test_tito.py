@@ -107,10 +107,12 @@ def test_a_fresh_message_list_is_encoded_afresh(model_dir: Path) -> None:
     # a step manager renders a new list each turn: no extension of the previous ids
     template = ChatTemplate.load(str(model_dir))
     scratch: dict[str, Any] = {}
-    first = [SYSTEM, {"role": "user", "content": USERS[0]}]
+    first = [{"role": "user", "content": USERS[0]}]
     ids = tito.prompt_ids(template, scratch, first)
     tito.remember(scratch, first + [{"role": "assistant", "content": "x"}], ids, [5, 6])
-    fresh = [SYSTEM, {"role": "user", "content": USERS[1]}]
+    # as long as that conversation, an assistant message at the same place: still another list
+    fresh = [{"role": "user", "content": USERS[1]}, {"role": "assistant", "content": "y"},
+             {"role": "user", "content": USERS[2]}]
     assert tito.prompt_ids(template, scratch, fresh) == template.prompt_ids(fresh)
 
 
@@ -173,5 +175,6 @@ def test_a_run_token_in_token_out_through_the_stand_in(
     assert all("prompt" in body and "messages" not in body for body in server.requests)
     if flavor == "llamacpp":  # its own /completion, for the exact ids
         assert all(body["return_tokens"] is True for body in server.requests)
+        assert server.stats["native_completions"] == server.stats["requests"]
     assert server.stats["completions"] == server.stats["requests"] > 0
     batcher.ack(batch)

@@ -132,6 +132,7 @@ async def completions(server: FakeLLMServer, vocabulary: Vocabulary,
         return server.refused(flavor.not_found(str(model)))
     server.stats["requests"] += 1
     server.stats["completions"] += 1
+    server.stats["native_completions" if native else "openai_completions"] += 1
     server.requests.append(body)
     limit = body.get("max_tokens")
     budget = flavor.fit(len(ids), limit if isinstance(limit, int) else None,
