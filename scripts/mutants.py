@@ -849,9 +849,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
-        "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
-        "dict):\n",
-        "            if False:\n",
+        "            if not isinstance(choice, dict) or not (\n",
+        "            if False and (\n",
         "a 200 whose choice is no message fails the episode naming the server",
         ("tests/test_llm_pool.py::test_a_200_that_is_no_completion_fails_the_episode_naming_the_"
          "server",),
