@@ -150,7 +150,7 @@ def turn_from_completion(data: dict[str, Any], prompt: list[int],
         values = None  # not one logprob per kept token: none rather than misaligned ones
     turn = Turn(
         text=text,
-        prompt_ids=cast(Any, np.asarray(prompt, dtype=np.int32)),
+        prompt_ids=cast(Any, np.fromiter(prompt, dtype=np.int32, count=len(prompt))),
         response_ids=cast(Any, np.asarray(response_ids, dtype=np.int32)),
         logprobs=cast(Any, None if values is None else np.asarray(values, dtype=np.float32)),
         finish_reason=choice.get("finish_reason"),
