@@ -124,8 +124,16 @@ class ChatTemplate:
         if ids is None:
             if len(self._encoded) >= ENCODE_CACHE:
                 self._encoded.clear()
-            ids = self._encoded[text] = self.tokenizer.encode(text, add_special_tokens=False).ids
+            ids = self._encoded[text] = self._encode(text)
         return ids
+
+    def _encode(self, text: str) -> list[int]:
+        # tokenizers' encode_batch_fast (0.23 here; older ones lack it) skips the offsets: 100 us
+        # where encode takes 133 for a 114-token turn of the tiny model's tokenizer (measured)
+        fast = getattr(self.tokenizer, "encode_batch_fast", None)
+        if fast is not None:
+            return list(fast([text], add_special_tokens=False)[0].ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
