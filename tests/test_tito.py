@@ -122,8 +122,10 @@ def test_reply_ids_from_the_server_else_the_tokenizer(model_dir: Path) -> None:
     text = "<answer>Up</answer>"
     ids = template.encode(text)
     vllm = {"choices": [{"text": text, "token_ids": ids, "finish_reason": "stop",
-                         "logprobs": {"token_logprobs": [-0.5] * len(ids)}}]}
+                         "logprobs": {"token_logprobs": [-0.5] * len(ids)},
+                         "weight_versions": [{"version": "3", "start": 0, "end": len(ids)}]}]}
     turn = tito.turn_from_completion(vllm, prompt, template)
+    assert (turn.version, turn.version_source) == (3, "server")  # vLLM 0.33's spans
     assert turn.extra["response_ids_source"] == "server"
     assert turn.response_ids.tolist() == ids and turn.prompt_ids.tolist() == prompt
     assert turn.logprobs.tolist() == [-0.5] * len(ids)

@@ -12,8 +12,9 @@ Shapes, from the released code:
 - vLLM 0.33 (`entrypoints/openai/completion/protocol.py`): `prompt` ids or text (:53);
   choices with `text`, the legacy `logprobs` (`text_offset`, `token_logprobs`, `tokens`,
   `top_logprobs`, :668-672), `token_ids` and `prompt_token_ids` with `return_token_ids`
-  (:688-690); `/tokenize` takes `prompt` (or `messages`) and answers `count`,
-  `max_model_len`, `tokens`, `token_strs` (`serve/tokenize/protocol.py:23,182-186`).
+  (:688-690), `weight_versions` with `return_weight_versions` (:182, :702);
+  `/tokenize` takes `prompt` (or `messages`) and answers `count`, `max_model_len`, `tokens`,
+  `token_strs` (`serve/tokenize/protocol.py:23,182-186`).
 - SGLang 0.5.23 (`srt/entrypoints/openai/protocol.py`): the same legacy logprobs (:150-154),
   `token_ids` and `prompt_token_ids` only when asked (:513-525); `/tokenize` and
   `/v1/tokenize` answer `tokens`, `count`, `max_model_len` (:1796-1801).
@@ -220,6 +221,10 @@ def answer(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[str, Any],
     choice.update({"stop_reason": None, "token_ids": out if asked_ids else None,
                    "prompt_logprobs": None,
                    "prompt_token_ids": prompt if asked_ids else None})
+    if flavor == "vllm":  # 0.33: `weight_versions` when asked (protocol.py:182, :702)
+        choice["weight_versions"] = [
+            {"version": server.control.label, "start": 0, "end": len(out)}
+        ] if body.get("return_weight_versions") else None
     return {**head, "choices": [choice], "usage": usage}
 
 
