@@ -180,3 +180,14 @@ def test_a_run_token_in_token_out_through_the_stand_in(
         assert server.stats["native_completions"] == server.stats["requests"]
     assert server.stats["completions"] == server.stats["requests"] > 0
     batcher.ack(batch)
+
+
+def test_suffixes_are_cached_by_the_messages_and_unhashable_ones_still_render(
+        model_dir: Path) -> None:
+    template = ChatTemplate.load(str(model_dir))
+    user = [{"role": "user", "content": USERS[0]}]
+    first = template.suffix_ids(user)
+    assert template.suffix_ids([dict(m) for m in user]) is first  # the same messages: cached
+    with_list = [{"role": "user", "content": USERS[0], "tool_calls": []}]
+    assert template.suffix_ids(with_list) == first  # not hashable: rendered, same tokens
+    assert template.decode(first).startswith("user\n")

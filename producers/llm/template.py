@@ -55,6 +55,9 @@ class ChatTemplate:
         self._template = env.from_string(template)
         self._special = special
         self._encoded: dict[str, list[int]] = {}  # text -> ids (`encode`)
+        # new messages (their items, in order) -> their suffix ids: a repeated observation
+        # skips the rendering too
+        self._suffixes: dict[tuple[Any, ...], list[int]] = {}
         self.close_ids = self._close_ids()
         base = self.render(_BASE, add_generation_prompt=False)
         self._base_len = len(base)
@@ -145,12 +148,24 @@ class ChatTemplate:
     def suffix_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """The tokens of `messages` (what follows an assistant message) and the generation
         prompt, as the template writes them after an assistant turn."""
+        key: tuple[Any, ...] | None = tuple(tuple(m.items()) for m in messages)
+        try:
+            ids = self._suffixes.get(key)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable value (tool calls): rendered every time
+            ids, key = None, None
+        if ids is not None:
+            return ids
         text = self.render([*_BASE, *messages], add_generation_prompt=True)
         if not text.startswith(self._base):
             raise PolicyError(f"policy.tokenizer: the chat template of {self.source} rewrites "
                               "a plain exchange when messages follow it; its turns cannot be "
                               "extended token by token")
-        return self.encode(text[self._base_len:])
+        ids = self.encode(text[self._base_len:])
+        if key is not None:
+            if len(self._suffixes) >= ENCODE_CACHE:
+                self._suffixes.clear()
+            self._suffixes[key] = ids
+        return ids
 
     def _close_ids(self) -> list[int]:
         """What the template writes after an assistant message's content (`<|im_end|>\\n`)."""
