@@ -6,13 +6,14 @@ gives them, else from the tokenizer; a run through the stand-in's `/v1/completio
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import redis
-from llm_helpers import fake_llm_factory, lake_config
+from llm_helpers import MODEL, fake_llm_factory, http, lake_config
 from real_servers import load_tiny_model_script, render_chat_template
 
 from consumer import Batcher
@@ -191,3 +192,41 @@ def test_suffixes_are_cached_by_the_messages_and_unhashable_ones_still_render(
     with_list = [{"role": "user", "content": USERS[0], "tool_calls": []}]
     assert template.suffix_ids(with_list) == first  # not hashable: rendered, same tokens
     assert template.decode(first).startswith("user\n")
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang", "llamacpp"])
+def test_the_stand_in_tokenizes_and_completes_token_ids_as_its_flavor(
+        fake_llm, model_dir: Path, flavor: str) -> None:
+    server = fake_llm(flavor=flavor, tokenizer=str(model_dir / "tokenizer.json"))
+    template = ChatTemplate.load(str(model_dir))
+    text = render_chat_template(model_dir, [SYSTEM, {"role": "user", "content": USERS[0]}])
+    ids = template.encode(text)
+    root = server.base_url.removesuffix("/v1")
+    if flavor == "llamacpp":  # llama-server's /tokenize takes `content`, answers `tokens`
+        status, body = http(f"{root}/tokenize", {"content": text})
+        assert status == 200 and body == {"tokens": ids}
+    else:
+        status, body = http(f"{root}/tokenize", {"model": MODEL, "prompt": text})
+        assert status == 200 and body["tokens"] == ids and body["count"] == len(ids)
+        assert "max_model_len" in body and ("token_strs" in body) == (flavor == "vllm")
+    status, body = http(f"{server.base_url}/completions", {
+        "model": MODEL, "prompt": ids, "max_tokens": 64, "temperature": 0, "logprobs": 1,
+        "return_token_ids": True})
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert body["usage"]["prompt_tokens"] == len(ids)
+    assert "<answer>" in choice["text"]  # the player read the decoded prompt
+    if flavor == "llamacpp":
+        assert "token_ids" not in choice and choice["logprobs"]["content"][0]["id"] >= 0
+    else:
+        assert template.decode(choice["token_ids"]) == choice["text"]
+        assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
+
+
+@pytest.mark.parametrize("flavor,status", [("strict", 400), ("llama-cpp-python", 422)])
+def test_servers_without_token_id_prompts_refuse_them(fake_llm, flavor: str,
+                                                      status: int) -> None:
+    server = fake_llm(flavor=flavor)
+    got, body = http(f"{server.base_url}/completions",
+                     {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 4})
+    assert got == status and "prompt must be a string" in json.dumps(body)
