@@ -1,8 +1,9 @@
 """`rollstream up` with `policy.tokenizer` against a real llama.cpp `llama-server` serving the
 tiny model with its Qwen3-style template (which drops earlier thinking: not append-only):
 the producers render the template themselves and send token ids to llama-server's own
-`/completion` (`return_tokens`), and every trajectory's ids are exactly what the server
-sampled: each turn's prompt starts with the previous prompt and the sampled ids, the
+`/completion` (`return_tokens`); the model is nudged (`logit_bias`) to write `</think>`, which
+that template would strip from earlier replies. Every trajectory's ids are exactly what the
+server sampled: each turn's prompt starts with the previous prompt and the sampled ids, the
 trainer's `trajectory_tokens()` keeps every trajectory, and the server, given a turn's prompt
 ids again, samples the recorded ids again (greedy).
 
@@ -38,7 +39,7 @@ MAX_TOKENS = 16
 STEPS = 2
 
 
-def run_config(base_url: str, tokenizer: Path) -> dict:
+def run_config(base_url: str, tokenizer: Path, bias: dict[str, float]) -> dict:
     return {
         "rollout_batch_size": 8, "async_generation_ratio": 1, "seed": 5,
         "train_env_manager": {"max_env_num_per_worker": 8, "num_env_groups": 2,
@@ -46,7 +47,8 @@ def run_config(base_url: str, tokenizer: Path) -> dict:
         "val_env_manager": None,
         "policy": {"type": "openai", "base_urls": [f"{base_url}/v1"], "model": "tiny",
                    "max_tokens": MAX_TOKENS, "temperature": 0.0, "timeout_s": 60,
-                   "max_retries": 2, "tokenizer": str(tokenizer)},
+                   "max_retries": 2, "tokenizer": str(tokenizer), "extra_body": {
+                       "logit_bias": bias}},
     }
 
 
@@ -58,11 +60,15 @@ def test_token_in_token_out_against_a_real_llama_server(tmp_path: Path) -> None:
     load_tiny_model_script().generate(model, seed=0)
     tokenizer = tokenizers.Tokenizer.from_file(str(model / "tokenizer.json"))
     end = tokenizer.token_to_id("<|im_end|>")
+    # the random model is nudged to write </think> (greedy: about half its tokens), so the
+    # thinking template, which drops what comes before it in earlier replies, would rewrite
+    # the conversation every turn
+    bias = {str(tokenizer.token_to_id("</think>")): 1.5}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = llama_server_argv(binary, model / "tiny-thinking.gguf", port, n_ctx=N_CTX)
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(run_config(url, model / "thinking")))
+    config.write_text(yaml.safe_dump(run_config(url, model / "thinking", bias)))
     trainer = f"{ROOT / 'tests' / 'data' / 'tito_trainer.py'} {STEPS}"
     env = {**clean_env(), "LLAMA_RUN_DIR": str(tmp_path)}
     with running(argv, url, tmp_path / "server.log"):
@@ -79,6 +85,9 @@ def test_token_in_token_out_against_a_real_llama_server(tmp_path: Path) -> None:
         assert summary["non_extending"] == 0
         multi = [t for t in trajectories if len(t["steps"]) > 1]
         assert multi, "no episode had a second turn"
+        # replies the template would have rewritten in the next prompt, kept as sampled
+        rewritten = [t for t in multi if "</think>" in t["steps"][0]["response"]]
+        assert rewritten, "no reply with </think> was followed by another turn"
         for traj in trajectories:
             steps = traj["steps"]
             for step in steps:
@@ -98,10 +107,10 @@ def test_token_in_token_out_against_a_real_llama_server(tmp_path: Path) -> None:
         assert tokenizer.decode(first, skip_special_tokens=False).startswith(
             "<|im_start|>system\n")
         # what was sampled: the server, given a turn's prompt ids again, samples them again
-        for traj in multi[:4]:
+        for traj in rewritten[:4]:
             for step in traj["steps"][:2]:
                 status, again = request(url, "/completion", {
                     "prompt": step["prompt_ids"], "n_predict": MAX_TOKENS, "temperature": 0,
-                    "return_tokens": True, "cache_prompt": False})
+                    "return_tokens": True, "cache_prompt": False, "logit_bias": bias})
                 assert status == 200, again
                 assert again["tokens"] == step["response_ids"]
