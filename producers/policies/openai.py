@@ -42,6 +42,7 @@ from redis.exceptions import RedisError
 from producers import metrics
 from producers.llm.sampling import for_turn
 from producers.policies.protocol import PolicyContext, StepContext, Turn
+from producers.tools.loop import ToolLoop, request_fields, tools_of
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
 from schemas.errors import PolicyError, TurnAborted
 from schemas.policy import OpenAIPolicyConfig, ServerRecord, read_server_record
@@ -84,6 +85,7 @@ class OpenAIPolicy:
         # server -> (first abort of the streak, aborts since, warned): its turns keep aborting
         self._aborting: dict[str, tuple[float, int, bool]] = {}
         self._merging: set[str] = set()  # servers warned about merged logprob entries
+        self._tools = ToolLoop()  # a tag's tool calls (producers/tools/loop.py)
 
     async def start(self, context: PolicyContext | None = None) -> None:
         """Read the API key, open the HTTP session, check that a server serves the model,
@@ -152,15 +154,22 @@ class OpenAIPolicy:
         prompt: AgentPrompt = getattr(env, "agent_prompt", None) or _DEFAULT_PROMPT
         sampled = for_turn(config.sampling, ctx.mode, prompt.max_tokens_per_step)
         messages = chat.messages_for_turn(ctx, observation, prompt, sampled.max_response_length)
-        try:
+        tools = tools_of(env)  # the tag's tools (producers/tools/loop.py)
+        extra_body = ({**config.extra_body, **request_fields(*tools)} if tools is not None
+                      else config.extra_body)
+        min_version = self._min_version(ctx) if config.require_version else None
+        asked = len(messages)
+        answered: list[Any] = []  # the pool's answer of the last reply
+
+        async def generate() -> tuple[Turn, Any]:
+            """One reply to `messages` as they are now."""
             body = chat.request_body(config.model, messages, sampling=sampled.fields(),
-                                     seed=chat.turn_seed(ctx), extra_body=config.extra_body)
-            min_version = self._min_version(ctx) if config.require_version else None
+                                     seed=chat.turn_seed(ctx), extra_body=extra_body)
             answer = await self.pool.chat(body, min_version=min_version)
             refit = sampled.refit(answer.data)  # ROLL's sequence_length (llm/sampling.py)
             if refit is not None:
                 body = chat.request_body(config.model, messages, sampling=sampled.fields(refit),
-                                         seed=chat.turn_seed(ctx), extra_body=config.extra_body)
+                                         seed=chat.turn_seed(ctx), extra_body=extra_body)
                 answer = await self.pool.chat(body, min_version=min_version)
             turn = chat.turn_from_answer(answer.data)
             if turn.logprobs is None:
@@ -168,11 +177,18 @@ class OpenAIPolicy:
             if turn.finish_reason == "abort":  # SGLang, while it loads new weights
                 self._aborted(answer.server.base_url)
                 raise TurnAborted(f"model server {answer.server.base_url} aborted it")
+            turn.server, turn.latency_s = answer.server.base_url, answer.latency_s
+            answered[:] = [answer]
+            return turn, answer.data
+
+        try:
+            turn, data = await generate()
+            if tools is not None:
+                turn = await self._tools.play(env, ctx, messages, turn, data, generate)
         except BaseException:  # cut short, aborted or failed: no half turn stays behind
-            del messages[-1]
+            del messages[asked - 1:]
             raise
-        turn.server = answer.server.base_url
-        turn.latency_s = answer.latency_s
+        answer = answered[0]
         if self._aborting:
             self._aborting.pop(turn.server, None)
         if (turn.version is not None and answer.version is None
