@@ -37,6 +37,7 @@ GEN = "tests/test_generation_control.py"
 CONN = "tests/test_redisconn.py"
 DEPLOY = "tests/test_deployments.py"
 FILTERS = "tests/test_group_filters.py"
+TOOLS = "tests/test_tools.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -273,7 +274,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "openai-no-half-turn", "producers/policies/openai.py",
-        "            del messages[-1]\n",
+        "            del messages[asked - 1:]\n",
         "            pass  # (mutant) the half turn stays\n",
         "a turn cut short or aborted leaves no user message behind in the conversation",
         (f"{GEN}::test_an_operator_pause_closes_turns_that_are_sent_again_after_it",
@@ -1035,6 +1036,55 @@ MUTANTS: tuple[Mutant, ...] = (
         "none: proves the tests import the mutated copy, not the installed tree",
         (f"{GUARDS}::test_a_group_completed_over_several_reads_is_delivered_only_when_whole",),
         signature="mutant canary: the copy is what gets imported",
+    ),
+    Mutant(
+        "tools-call-cap", "producers/tools/loop.py",
+        "            run, over = parsed.calls[:cap], parsed.calls[cap:]\n",
+        "            run, over = parsed.calls, []\n",
+        "a reply's tool calls run only up to max_calls_per_turn; the rest are answered not run",
+        (f"{TOOLS}::test_several_calls_in_one_turn_run_up_to_the_cap",),
+    ),
+    Mutant(
+        "tools-malformed-counted", "producers/tools/loop.py",
+        "                malformed += len(parsed.malformed)\n",
+        "                pass\n",
+        "a malformed tool call is counted on its step (tools/malformed per batch)",
+        (f"{TOOLS}::test_a_malformed_call_ends_the_turn_counted_and_first_logged",),
+    ),
+    Mutant(
+        "sandbox-cpu-limit", "producers/tools/sandbox.py",
+        "    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))\n",
+        "",
+        "the python tool's CPU-time limit kills an infinite loop",
+        (f"{TOOLS}::test_an_infinite_loop_is_killed_by_its_cpu_limit",),
+    ),
+    Mutant(
+        "sandbox-memory-limit", "producers/tools/sandbox.py",
+        "    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))\n",
+        "",
+        "the python tool's memory limit stops a memory hog",
+        (f"{TOOLS}::test_a_memory_hog_gets_a_memory_error",),
+    ),
+    Mutant(
+        "sandbox-output-cap", "producers/tools/sandbox.py",
+        '            return bytes(out[:cap]), "output_limit"\n',
+        '            return bytes(out), "output_limit"\n',
+        "the python tool's output is cut at output_bytes",
+        (f"{TOOLS}::test_output_is_capped_and_the_writer_killed",),
+    ),
+    Mutant(
+        "sandbox-no-network", "producers/tools/sandbox.py",
+        '            argv = ["unshare", "-rn", *argv]\n',
+        "            pass\n",
+        "the python tool runs in a network namespace of its own: connects fail",
+        (f"{TOOLS}::test_the_sandbox_has_no_network",),
+    ),
+    Mutant(
+        "sandbox-own-environment", "producers/tools/sandbox.py",
+        "            *argv, cwd=work, env=env,",
+        "            *argv, cwd=work, env=None,",
+        "none of the producer's environment variables (API keys) reach the python tool",
+        (f"{TOOLS}::test_each_call_gets_a_fresh_directory_and_none_of_our_environment",),
     ),
 )
 

@@ -119,7 +119,8 @@ def test_a_memory_hog_gets_a_memory_error() -> None:
 
 def test_output_is_capped_and_the_writer_killed() -> None:
     result = sandbox("import sys\nwhile True: sys.stdout.write('a' * 100)")
-    assert result.status == "output_limit" and result.output == "a" * 1000
+    assert result.status == "output_limit" and len(result.output) == 1000
+    assert set(result.output) == {"a"}
 
 
 def test_each_call_gets_a_fresh_directory_and_none_of_our_environment() -> None:
