@@ -1045,6 +1045,13 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{TOOLS}::test_several_calls_in_one_turn_run_up_to_the_cap",),
     ),
     Mutant(
+        "tools-no-half-turn", "producers/policies/openai.py",
+        "            del messages[asked - 1:]\n",
+        "            del messages[-1]\n",
+        "a turn that fails between tool rounds leaves none of its messages behind",
+        (f"{TOOLS}::test_a_turn_that_fails_between_tool_rounds_leaves_no_half_turn",),
+    ),
+    Mutant(
         "tools-malformed-counted", "producers/tools/loop.py",
         "                malformed += len(parsed.malformed)\n",
         "                pass\n",

@@ -184,11 +184,12 @@ class Sums:
         return text
 
 
-def act(server: Any, env: Any, observation: str) -> tuple[Any, StepContext]:
+def act(server: Any, env: Any, observation: str,
+        ctx: StepContext | None = None) -> tuple[Any, StepContext]:
     policy = make_policy(small_config(policy={"type": "openai", "base_urls": [server.base_url],
                                               "model": MODEL, "max_tokens": 256}).policy)
-    ctx = StepContext(env=env, seed=3, version=0, mode="train", group_id=0, episode_id=0,
-                      member=0, tag="Sums")
+    ctx = ctx or StepContext(env=env, seed=3, version=0, mode="train", group_id=0,
+                             episode_id=0, member=0, tag="Sums")
 
     async def go() -> Any:
         await policy.start()
@@ -198,6 +199,24 @@ def act(server: Any, env: Any, observation: str) -> tuple[Any, StepContext]:
             await policy.close()
 
     return asyncio.run(go())[1], ctx
+
+
+def test_a_turn_that_fails_between_tool_rounds_leaves_no_half_turn(fake_llm) -> None:
+    """The request after the tool results fails (a 4xx, not retried): the conversation is
+    as it was before the turn, tool messages and all removed, so the turn can be sent again."""
+    server = fake_llm(latency_s=0.001, malformed_share=0.0)
+    server.fail_marked("tool_call_id", status=400)
+    env = Sums("", ToolsSpec(functions=["python"]))
+    ctx = StepContext(env=env, seed=3, version=0, mode="train", group_id=0, episode_id=0,
+                      member=0, tag="Sums")
+    with pytest.raises(Exception, match="400"):
+        act(server, env, "Calculate 2 + 2.", ctx)
+    assert len(server.requests) >= 1 and [m["role"] for m in ctx.scratch["chat"]] == ["system"]
+    server.fail_marked(None)
+    turn, _ = act(server, env, "Calculate 2 + 2.", ctx)
+    assert "\\boxed{4}" in turn.text
+    assert [m["role"] for m in ctx.scratch["chat"]] == ["system", "user", "assistant", "tool",
+                                                         "assistant"]
 
 
 def test_several_calls_in_one_turn_run_up_to_the_cap(fake_llm) -> None:
