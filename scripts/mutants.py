@@ -1060,14 +1060,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "sandbox-cpu-limit", "producers/tools/sandbox.py",
-        "    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))\n",
+        '    "r.setrlimit(r.RLIMIT_CPU, (cpu, cpu + 1))\\n"\n',
         "",
         "the python tool's CPU-time limit kills an infinite loop",
         (f"{TOOLS}::test_an_infinite_loop_is_killed_by_its_cpu_limit",),
     ),
     Mutant(
         "sandbox-memory-limit", "producers/tools/sandbox.py",
-        "    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))\n",
+        '    "r.setrlimit(r.RLIMIT_AS, (memory, memory))\\n"\n',
         "",
         "the python tool's memory limit stops a memory hog",
         (f"{TOOLS}::test_a_memory_hog_gets_a_memory_error",),
@@ -1081,7 +1081,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "sandbox-no-network", "producers/tools/sandbox.py",
-        '            argv = ["unshare", "-rn", *argv]\n',
+        '            argv = ["unshare", *UNSHARE_ARGS, *argv]\n',
         "            pass\n",
         "the python tool runs in a network namespace of its own: connects fail",
         (f"{TOOLS}::test_the_sandbox_has_no_network",),

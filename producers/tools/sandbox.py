@@ -1,9 +1,9 @@
 """The `python` tool's sandbox: each call is a fresh process that cannot hurt the producer.
 
 A call writes the code to `main.py` in a fresh temporary directory (removed after) and runs
-`python -I main.py` there as a child process of its own session, through asyncio's
+it there (`python -I`, `LAUNCHER`) as a child process of its own session, through asyncio's
 subprocess API (the event loop never waits on it), with:
-- resource limits set in the child before exec (`resource.setrlimit`): CPU seconds
+- resource limits the child sets before the program runs (`resource.setrlimit`): CPU seconds
   (`RLIMIT_CPU`: SIGXCPU at the limit), address space (`RLIMIT_AS`: a `MemoryError` in the
   program), file size (`RLIMIT_FSIZE`) and core files off;
 - its output (stdout and stderr, interleaved) read as it comes and capped at
@@ -11,8 +11,10 @@ subprocess API (the event loop never waits on it), with:
 - a wall-clock timeout: its whole process group is killed (SIGKILL) at `timeout_s`;
 - an environment of its own (PATH, HOME in the temporary directory): none of the producer's
   variables (API keys) reach it;
-- no network: it runs under `unshare -rn` (a new user and network namespace, which has only a
-  loopback that is down: every connect fails) where the machine allows it. Where it does not
+- no network: it runs under `unshare -rnp --fork` (new user, network and PID namespaces: the
+  network namespace has only a loopback that is down, so every connect fails; in its own PID
+  namespace it cannot signal the producer or any process outside, though it runs as the
+  producer's user) where the machine allows it. Where it does not
   (no `unshare`, or user namespaces disabled: some containers), `network_available()` says why
   once and the program runs with the machine's network (warned once per process).
 """
@@ -22,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import resource
 import shutil
 import signal
 import sys
@@ -35,6 +36,11 @@ from schemas.tools import PythonLimits
 logger = logging.getLogger(__name__)
 
 READ_CHUNK = 4096
+REAP_WAIT_S = 5.0  # for a killed program's output pipe to close
+# new user, network and PID namespaces: no network, and no process of ours to signal (the
+# program's pids are its own: the producer's pid means nothing there); --kill-child: the
+# program dies with unshare
+UNSHARE_ARGS = ("-rnp", "--fork", "--kill-child")
 _isolation: str | None = None  # "" when unshare -rn works here, else why not (checked once)
 _warned = False
 
@@ -66,7 +72,7 @@ async def network_isolation() -> str:
             _isolation = "no unshare command"
         else:
             proc = await asyncio.create_subprocess_exec(
-                unshare, "-rn", "true", stdout=asyncio.subprocess.DEVNULL,
+                unshare, *UNSHARE_ARGS, "true", stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE)
             _, err = await proc.communicate()
             _isolation = "" if proc.returncode == 0 else (
@@ -74,19 +80,39 @@ async def network_isolation() -> str:
     return _isolation
 
 
-def _limits(limits: PythonLimits) -> None:
-    """In the child, before exec: the resource limits (runs after fork: no logging here)."""
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-    memory = limits.memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.output_bytes * 16,) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+# The exit status of a program stopped by its CPU limit: the launcher turns SIGXCPU into it
+# (unshare 2.38 --fork reports a child killed by a signal as exit 1, so the signal itself
+# would be lost; a program stuck in C code past the hard limit gets SIGKILL: status error)
+CPU_EXIT = 128 + signal.SIGXCPU
+# What the child runs first: its limits, then the program (as `__main__`, named main.py in
+# tracebacks). Set in the child rather than in a `preexec_fn`, which would make every call
+# fork the whole producer (measured: 6.6 ms of producer CPU per call with it, see
+# bench/bench_tools.py); without one, the child is spawned with vfork.
+LAUNCHER = (
+    "import os, resource as r, signal, sys\n"
+    f"signal.signal(signal.SIGXCPU, lambda *_, end=os._exit: end({CPU_EXIT}))\n"
+    "cpu, memory, fsize = map(int, sys.argv[1:4])\n"
+    "r.setrlimit(r.RLIMIT_CPU, (cpu, cpu + 1))\n"
+    "r.setrlimit(r.RLIMIT_AS, (memory, memory))\n"
+    "r.setrlimit(r.RLIMIT_FSIZE, (fsize, fsize))\n"
+    "r.setrlimit(r.RLIMIT_CORE, (0, 0))\n"
+    "del os, r, signal, cpu, memory, fsize\n"
+    "sys.argv = ['main.py']\n"
+    "source = open('main.py', encoding='utf-8').read()\n"
+    "exec(compile(source, 'main.py', 'exec'), {'__name__': '__main__'})\n"
+)
+
+
+def launcher_argv(limits: PythonLimits) -> list[str]:
+    """`python -I -c LAUNCHER cpu_s memory_bytes file_bytes`."""
+    return [sys.executable, "-I", "-c", LAUNCHER, str(limits.cpu_s),
+            str(limits.memory_mb * 1024 * 1024), str(limits.output_bytes * 16)]
 
 
 async def run_python(code: str, limits: PythonLimits) -> SandboxResult:
     """Run `code` in the sandbox (see the module docstring)."""
     global _warned
-    argv = [sys.executable, "-I", "main.py"]
+    argv = launcher_argv(limits)
     isolated = False
     if not limits.network:
         why = await network_isolation()
@@ -96,7 +122,7 @@ async def run_python(code: str, limits: PythonLimits) -> SandboxResult:
                 logger.warning("python tool: no network namespace here (unshare -rn: %s); "
                                "the sandbox runs with the machine's network", why)
         else:
-            argv = ["unshare", "-rn", *argv]
+            argv = ["unshare", *UNSHARE_ARGS, *argv]
             isolated = True
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rollstream-py-") as work:
@@ -107,7 +133,7 @@ async def run_python(code: str, limits: PythonLimits) -> SandboxResult:
         proc = await asyncio.create_subprocess_exec(
             *argv, cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True, preexec_fn=lambda: _limits(limits))
+            start_new_session=True)
         try:
             output, status = await asyncio.wait_for(_read(proc, limits.output_bytes),
                                                     timeout=limits.timeout_s)
@@ -116,11 +142,16 @@ async def run_python(code: str, limits: PythonLimits) -> SandboxResult:
         finally:
             if proc.returncode is None:
                 _kill(proc)
-            returncode = await proc.wait()
+            try:
+                returncode = await asyncio.wait_for(_reap(proc), REAP_WAIT_S)
+            except asyncio.TimeoutError:  # a process it started keeps the pipe: left behind
+                logger.warning("python tool: a process the program started outlived it and "
+                               "holds its output open (no PID namespace here to end it)")
+                returncode = proc.returncode
         if output is None:
             output = b""
         if status == "ok":
-            if returncode == -signal.SIGXCPU or returncode == -signal.SIGKILL:
+            if returncode in (CPU_EXIT, -signal.SIGXCPU):
                 status = "cpu_limit"
             elif returncode != 0:
                 status = "error"
@@ -142,6 +173,17 @@ async def _read(proc: asyncio.subprocess.Process, cap: int) -> tuple[bytes, str]
         if len(out) > cap:
             _kill(proc)
             return bytes(out[:cap]), "output_limit"
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> int:
+    """The killed or finished child's exit status, once its output pipe is drained to the
+    end: asyncio (3.11, `base_subprocess.py`) wakes `wait()` only when every pipe has closed,
+    and a stream left unread above its limit stops reading, so `wait()` alone would hang
+    after a cap cut the reading short."""
+    assert proc.stdout is not None
+    while await proc.stdout.read(1 << 16):
+        pass
+    return await proc.wait()
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
