@@ -9,7 +9,7 @@
    the sandbox). This process's CPU (`time.process_time`: the sandbox's own CPU is the
    child's and not counted; spawning it is) per episode each way; the difference to the
    no-tool run is the producer's CPU per tool call.
-2. The sandbox's start cost per call: `run_python("pass")` one at a time, with `unshare -rn`
+2. The sandbox's start cost per call: `run_python("pass")` one at a time, with `unshare -rnp --fork`
    and without (`network: true`), against a bare `python -I -c pass` subprocess: wall time and
    CPU (this process's and its children's) per call.
 """
@@ -154,7 +154,7 @@ def main() -> int:
         proc.terminate()
         proc.wait(10)
     why = asyncio.run(network_isolation())
-    print(f"\nsandbox start cost per call ({args.calls} calls, one at a time; unshare -rn: "
+    print(f"\nsandbox start cost per call ({args.calls} calls, one at a time; unshare -rnp: "
           f"{'works' if not why else 'unavailable: ' + why}):")
     print("| variant | wall ms / call | CPU ms / call (incl. children) | wall vs bare python |")
     print("|---|---|---|---|")
@@ -162,7 +162,7 @@ def main() -> int:
     rows = [("bare python -I -c pass", bare_wall, bare_cpu)]
     rows.append(("run_python, network: true", *asyncio.run(sandbox_starts(args.calls, True))))
     if not why:
-        rows.append(("run_python, unshare -rn", *asyncio.run(sandbox_starts(args.calls,
+        rows.append(("run_python, unshare -rnp --fork", *asyncio.run(sandbox_starts(args.calls,
                                                                              False))))
     for name, wall, cpu in rows:
         print(f"| {name} | {wall:.1f} | {cpu:.1f} | {wall / bare_wall:.2f}x |")

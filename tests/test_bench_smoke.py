@@ -84,3 +84,8 @@ def test_bench_group_filters_prints_a_row_per_step_size():
     out = bench("bench/bench_group_filters.py", "--steps", "2", "--groups", "4", "8")
     rows = [line for line in out.splitlines() if line.startswith(("| 4 (1x)", "| 8 (2x)"))]
     assert len(rows) == 2 and all(row.count("|") == 8 for row in rows), out
+
+
+def test_bench_tools_prints_cpu_per_call_and_sandbox_start_cost():
+    out = bench("bench/bench_tools.py", "--episodes", "8", "--calls", "3", "--concurrency", "4")
+    assert "| python tool (sandbox) | 8 |" in out and "| bare python -I -c pass |" in out, out
