@@ -190,7 +190,7 @@ class OpenAIPolicy:
             raise
         answer = answered[0]
         if self._aborting:
-            self._aborting.pop(turn.server, None)
+            self._aborting.pop(answer.server.base_url, None)
         if (turn.version is not None and answer.version is None
                 and turn.version > ctx.version + 1 and self._context is not None):
             # reported by a server the run has no record of, and ahead of any version the run

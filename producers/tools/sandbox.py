@@ -142,6 +142,7 @@ async def run_python(code: str, limits: PythonLimits) -> SandboxResult:
         finally:
             if proc.returncode is None:
                 _kill(proc)
+            returncode: int | None
             try:
                 returncode = await asyncio.wait_for(_reap(proc), REAP_WAIT_S)
             except asyncio.TimeoutError:  # a process it started keeps the pipe: left behind
