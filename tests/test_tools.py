@@ -76,7 +76,11 @@ def test_calls_are_checked_against_the_declared_tools() -> None:
     assert [m.kind for m in checked.malformed] == ["unknown_tool", "bad_arguments"]
 
 
-def test_a_registered_text_parser_is_accepted_by_configs() -> None:
+def test_a_registered_text_parser_is_accepted_by_configs(monkeypatch) -> None:
+    from schemas import tools as tool_schemas
+
+    monkeypatch.setattr(tool_schemas, "TEXT_PARSERS", list(tool_schemas.TEXT_PARSERS))
+    monkeypatch.setattr(parsers, "TEXT_PARSERS", dict(parsers.TEXT_PARSERS))
     with pytest.raises(ValueError, match="tools.parser 'mine' is unknown"):
         ToolsSpec(parser="mine")
     parsers.register("mine", lambda text, prefix: parsers.Parsed(text))
@@ -219,8 +223,10 @@ def test_a_turn_that_fails_between_tool_rounds_leaves_no_half_turn(fake_llm) -> 
                                                          "assistant"]
 
 
-def test_several_calls_in_one_turn_run_up_to_the_cap(fake_llm) -> None:
-    server = fake_llm(latency_s=0.001, malformed_share=0.0)
+@pytest.mark.parametrize(("flavor", "id_prefix"), [("vllm", "chatcmpl-tool-"),
+                                                   ("sglang", "call_")])
+def test_several_calls_in_one_turn_run_up_to_the_cap(fake_llm, flavor, id_prefix) -> None:
+    server = fake_llm(flavor=flavor, latency_s=0.001, malformed_share=0.0)
     env = Sums("", ToolsSpec(functions=["python"], max_calls_per_turn=2))
     turn, ctx = act(server, env, "Calculate 1 + 2 and 3 * 4 and 5 - 6.")
     first, second = server.requests[0], server.requests[1]
@@ -229,11 +235,57 @@ def test_several_calls_in_one_turn_run_up_to_the_cap(fake_llm) -> None:
     assert called["role"] == "assistant" and len(called["tool_calls"]) == 3
     results = second["messages"][-3:]
     assert [m["tool_call_id"] for m in results] == [c["id"] for c in called["tool_calls"]]
+    assert all(c["id"].startswith(id_prefix) for c in called["tool_calls"])  # the server's
     assert [m["content"] for m in results] == ["3\n", "12\n", "not run: at most 2 tool "
                                                "calls per turn"]
     assert turn.extra["tool_calls"] == 2 and turn.extra["tool_malformed"] == 0
     assert turn.extra["tool_rounds"][0]["not_run"] == 1
     assert "\\boxed{" in turn.text and ctx.scratch["chat"][-1]["content"] == turn.text
+
+
+class EnvTools(Sums):
+    """An env that runs its own tool (a `python` schema of its own, not the built-in)."""
+
+    tools = [{"type": "function", "function": {
+        "name": "python", "parameters": {"type": "object", "required": ["code"]}}}]
+
+    def __init__(self, fail: bool) -> None:
+        super().__init__("", None)  # type: ignore[arg-type]
+        self.fail, self.calls = fail, []
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        self.calls.append((name, arguments))
+        if self.fail:
+            raise ValueError("the index is down")
+        return {"value": 99}
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["answers", "raises"])
+def test_an_env_runs_its_own_tools(fake_llm, fail: bool) -> None:
+    server = fake_llm(latency_s=0.001, malformed_share=0.0)
+    env = EnvTools(fail)
+    turn, _ = act(server, env, "Calculate 5 * 5.")
+    assert env.calls and env.calls[0][0] == "python" and "5 * 5" in env.calls[0][1]["code"]
+    result = server.requests[1]["messages"][-1]
+    assert result["role"] == "tool"
+    assert result["content"] == ("error: ValueError: the index is down" if fail
+                                 else '{"value": 99}')
+    assert turn.extra["tool_calls"] == 1
+
+
+def test_without_namespaces_the_sandbox_warns_once_and_runs(monkeypatch, caplog) -> None:
+    """Where unshare cannot make namespaces (its reason as found), the program runs with the
+    machine's network, every other limit in force, and the producer says so once."""
+    from producers.tools import sandbox as box
+
+    monkeypatch.setattr(box, "_isolation", "unshare: unshare failed: Operation not permitted")
+    monkeypatch.setattr(box, "_warned", False)
+    caplog.set_level(logging.WARNING, logger="producers.tools.sandbox")
+    first, second = sandbox("print(1)"), sandbox("while True: pass")
+    assert (first.output, first.isolated) == ("1\n", False)
+    assert second.status == "cpu_limit"
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "Operation not permitted" in lines[0]
 
 
 @pytest.mark.parametrize(("flavor", "parser", "kind"), [("vllm", "server", "unparsed"),
@@ -311,3 +363,22 @@ def test_build_env_hands_the_tags_tools_to_the_env() -> None:
     assert env.unwrapped.tool_spec.functions == ["python"]
 
 
+
+
+def test_a_bad_tools_block_is_one_line_and_exit_2(tmp_path) -> None:
+    import sys
+
+    from helpers import ROOT, clean_env
+
+    path = tmp_path / "tools.yaml"
+    path.write_text("rollout_batch_size: 8\n"
+                    "train_env_manager: {num_env_groups: 4, group_size: 2, tags: [Math]}\n"
+                    "val_env_manager: {num_env_groups: 2, group_size: 1, tags: [Math]}\n"
+                    "custom_envs:\n  Math:\n    env_type: 'rg:basic_arithmetic'\n"
+                    "    tools: {functions: [python], parser: qwen}\n")
+    out = subprocess.run([sys.executable, "-m", "rollstream", "config", "check", str(path)],
+                         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"rollstream: error: {path}: custom_envs.Math.tools.parser: tools.parser 'qwen' is "
+        "unknown (known: server, hermes)"]
