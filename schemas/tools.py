@@ -7,7 +7,8 @@ calls are read, and the limits of the built-in `python` sandbox.
       parser: server                 # server (the server's tool_calls) or hermes (the text)
       max_calls_per_turn: 4          # more in one reply are answered "not run"
       max_rounds: 4                  # tool rounds before the env gets the reply
-      python: {timeout_s: 5, cpu_s: 5, memory_mb: 512, output_bytes: 4096, network: false}
+      python: {timeout_s: 5, cpu_s: 5, memory_mb: 512, output_bytes: 4096, max_parallel: 4,
+               network: false}
 
 A function schema (`{"type": "function", "function": {"name": ..., "parameters": ...}}`)
 that is not built in is the env's: the env's `call_tool(name, arguments)` runs it (see
@@ -49,6 +50,8 @@ class PythonLimits(BaseModel):
     memory_mb: PositiveInt = Field(default=512, description="address space (RLIMIT_AS)")
     output_bytes: PositiveInt = Field(default=4096, description="stdout+stderr kept; the "
                                       "program is killed once it writes more")
+    max_parallel: PositiveInt = Field(default=4, description="sandboxes of the tag a "
+                                      "producer runs at once; more calls wait their turn")
     network: bool = Field(default=False, description="allow the network (else a new network "
                           "namespace, unshare -rn, where the machine allows it)")
 

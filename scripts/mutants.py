@@ -1059,6 +1059,13 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{TOOLS}::test_a_malformed_call_ends_the_turn_counted_and_first_logged",),
     ),
     Mutant(
+        "tools-sandbox-parallel", "producers/tools/loop.py",
+        "            async with slots:\n",
+        "            if slots:\n",
+        "a tag's python sandboxes run at most python.max_parallel at once in a producer",
+        (f"{TOOLS}::test_a_tags_sandboxes_run_at_most_max_parallel_at_once",),
+    ),
+    Mutant(
         "sandbox-cpu-limit", "producers/tools/sandbox.py",
         '    "r.setrlimit(r.RLIMIT_CPU, (cpu, cpu + 1))\\n"\n',
         "",

@@ -4,6 +4,7 @@ loop against the stand-in server, and the checked math task end to end."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -382,3 +383,40 @@ def test_a_bad_tools_block_is_one_line_and_exit_2(tmp_path) -> None:
     assert out.stderr.strip().splitlines() == [
         f"rollstream: error: {path}: custom_envs.Math.tools.parser: tools.parser 'qwen' is "
         "unknown (known: server, hermes)"]
+
+
+def test_a_tags_sandboxes_run_at_most_max_parallel_at_once(tmp_path) -> None:
+    """Four calls of one reply, `max_parallel` 2: each program counts the programs running
+    (files in a shared folder) until it sees a third or 1.5 s pass; none sees more than 2
+    (without the cap all four start at once and each sees 3 or 4)."""
+    from producers.policies import Turn
+    from producers.tools.loop import ToolLoop
+
+    program = (
+        "import os, time, uuid\n"
+        f"d = {str(tmp_path)!r}\n"
+        "open(os.path.join(d, 'start-' + uuid.uuid4().hex), 'w').close()\n"
+        "seen, end = 0, time.time() + 1.5\n"
+        "while time.time() < end and seen < 3:\n"
+        "    names = os.listdir(d)\n"
+        "    seen = max(seen, sum(n.startswith('start-') for n in names)"
+        " - sum(n.startswith('end-') for n in names))\n"
+        "    time.sleep(0.01)\n"
+        "open(os.path.join(d, 'end-' + uuid.uuid4().hex), 'w').close()\n"
+        "print(seen)\n")
+    block = json.dumps({"name": "python", "arguments": {"code": program}})
+    text = f"<tool_call>{block}</tool_call>" * 4
+    spec = ToolsSpec(functions=["python"], parser="hermes", max_calls_per_turn=4,
+                     python={"max_parallel": 2, "timeout_s": 20})
+    env = Sums("", spec)
+    ctx = StepContext(env=env, seed=0, version=0, mode="train", group_id=0, episode_id=0,
+                      member=0, tag="Sums")
+    messages: list[dict[str, Any]] = []
+
+    async def generate() -> Any:
+        return Turn(text="done"), {}
+
+    final = asyncio.run(ToolLoop().play(env, ctx, messages, Turn(text=text), {}, generate))
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    assert final.text == "done" and len(results) == 4
+    assert all(1 <= int(r) <= 2 for r in results), results  # without the cap: 3 or 4

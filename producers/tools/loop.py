@@ -62,6 +62,7 @@ class ToolLoop:
 
     def __init__(self) -> None:
         self.seen_kinds: set[str] = set()
+        self._slots: dict[str, asyncio.Semaphore] = {}  # tag -> its sandboxes running
 
     def parse(self, spec: ToolsSpec, schemas: list[dict[str, Any]], turn: Turn,
               data: dict[str, Any], prefix: str) -> parsers.Parsed:
@@ -92,7 +93,8 @@ class ToolLoop:
                 break
             cap = spec.max_calls_per_turn
             run, over = parsed.calls[:cap], parsed.calls[cap:]
-            results = await asyncio.gather(*(self._call(env, spec, call) for call in run))
+            results = await asyncio.gather(*(self._call(env, spec, call, ctx.tag)
+                                             for call in run))
             messages.append(self._assistant(spec, turn.text, parsed))
             for call, result in zip(run, results, strict=True):
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
@@ -121,14 +123,19 @@ class ToolLoop:
              "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
             for c in parsed.calls]}
 
-    async def _call(self, env: Any, spec: ToolsSpec, call: parsers.ToolCall) -> str:
-        """One call's result text: the sandbox for `python` (when the tag declares it),
-        else the env's `call_tool`; an error is the result (the model reads it)."""
+    async def _call(self, env: Any, spec: ToolsSpec, call: parsers.ToolCall, tag: str) -> str:
+        """One call's result text: the sandbox for `python` (when the tag declares it; at
+        most `python.max_parallel` of the tag's at once), else the env's `call_tool`; an
+        error is the result (the model reads it)."""
         if call.name == "python" and "python" in spec.functions:
             code = call.arguments.get("code")
             if not isinstance(code, str):
                 return "error: python takes {\"code\": \"...\"}"
-            return (await run_python(code, spec.python)).for_model()
+            slots = self._slots.get(tag)
+            if slots is None:
+                slots = self._slots[tag] = asyncio.Semaphore(spec.python.max_parallel)
+            async with slots:
+                return (await run_python(code, spec.python)).for_model()
         call_tool = getattr(env, "call_tool", None)
         if call_tool is None:
             return f"error: no tool {call.name!r} here"
