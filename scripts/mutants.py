@@ -1066,6 +1066,15 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{TOOLS}::test_a_tags_sandboxes_run_at_most_max_parallel_at_once",),
     ),
     Mutant(
+        "sandbox-killed-when-cut-short", "producers/tools/sandbox.py",
+        "            if proc.returncode is None:\n                _kill(proc)\n"
+        "            returncode: int | None\n",
+        "            returncode: int | None\n",
+        "a tool call cut short (timeout, a cancelled turn) kills its program",
+        (f"{TOOLS}::test_a_call_cut_short_kills_its_program",
+         f"{TOOLS}::test_a_sleeping_program_is_killed_at_its_timeout"),
+    ),
+    Mutant(
         "sandbox-cpu-limit", "producers/tools/sandbox.py",
         '    "r.setrlimit(r.RLIMIT_CPU, (cpu, cpu + 1))\\n"\n',
         "",

@@ -420,3 +420,32 @@ def test_a_tags_sandboxes_run_at_most_max_parallel_at_once(tmp_path) -> None:
     results = [m["content"] for m in messages if m["role"] == "tool"]
     assert final.text == "done" and len(results) == 4
     assert all(1 <= int(r) <= 2 for r in results), results  # without the cap: 3 or 4
+
+
+def test_a_call_cut_short_kills_its_program(tmp_path) -> None:
+    """A turn cancelled while its tool runs (a pause, a stop) kills the program: once the
+    cancellation is over, the FIFO it held open for writing has no writer left (EOF)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    code = (f"import time\nf = open({str(fifo)!r}, 'w')\nf.write('up\\n')\nf.flush()\n"
+            "time.sleep(600)")
+
+    async def cut_short() -> bytes:
+        task = asyncio.ensure_future(run_python(code, PythonLimits(timeout_s=600, cpu_s=600)))
+        got = b""
+        while b"up" not in got:
+            await asyncio.sleep(0.01)
+            try:
+                got += os.read(reader, 100)
+            except BlockingIOError:
+                pass
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return os.read(reader, 100)
+
+    try:
+        assert asyncio.run(cut_short()) == b""  # EOF: the writer is gone
+    finally:
+        os.close(reader)

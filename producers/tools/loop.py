@@ -16,8 +16,9 @@ A malformed call (see `parsers`) ends the loop: the env gets the reply as the mo
 and judges it (an unparsable answer: the env's format penalty). Each is counted on the step
 (`tool_malformed`, summed per batch as `tools/malformed`), and the first of each kind in the
 process is logged with the raw text, so a parser that never matches is seen at the first
-batch. The step records its rounds (`tool_rounds`: each reply's text, calls, results and
-token ids where the server gave them) and `tool_calls` (calls run).
+batch. The step records its rounds (`tool_rounds`: each reply's text, calls, results, and
+response token ids and logprobs where the server gave them; their prompts are in the final
+reply's) and `tool_calls` (calls run).
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def _record(turn: Turn, parsed: parsers.Parsed, results: list[str],
         "results": [r[:RESULT_CHARS] for r in results],
         "not_run": not_run,
     }
-    for name in ("prompt_ids", "response_ids", "logprobs"):
+    for name in ("response_ids", "logprobs"):  # its prompt is in the final reply's
         value = getattr(turn, name)
         if value is not None:
             out[name] = [x.item() if hasattr(x, "item") else x for x in value]
