@@ -266,6 +266,21 @@ def batch_metrics(
         metrics["scheduler/staleness/max"] = float(staleness.max())
         # ended by the model's context window (truncated with the turns that fit)
         metrics["rollout/context_full"] = float(sum(1 for t in trajs if "context_full" in t))
+        metrics.update(tool_metrics(trajs))
     metrics["time/get_batch_cost"] = wait_s
     metrics.update(counters)
     return metrics
+
+
+def tool_metrics(trajs: list[dict[str, Any]]) -> dict[str, float]:
+    """`tools/calls` (calls run) and `tools/malformed` (calls the parser could not use) of a
+    batch's steps (producers/tools/loop.py); none when no step of it had tools."""
+    calls = malformed = 0
+    seen = False
+    for traj in trajs:
+        for step in traj["steps"]:
+            if "tool_calls" in step:
+                seen = True
+                calls += step["tool_calls"]
+                malformed += step.get("tool_malformed", 0)
+    return {"tools/calls": float(calls), "tools/malformed": float(malformed)} if seen else {}

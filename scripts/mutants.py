@@ -37,6 +37,7 @@ GEN = "tests/test_generation_control.py"
 CONN = "tests/test_redisconn.py"
 DEPLOY = "tests/test_deployments.py"
 FILTERS = "tests/test_group_filters.py"
+TOOLS = "tests/test_tools.py"
 PARTIAL = "tests/test_partial_rollout.py"
 TITO = "tests/test_tito.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
@@ -275,7 +276,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "openai-no-half-turn", "producers/policies/openai.py",
-        "            del messages[-1]\n",
+        "            del messages[asked - 1:]\n",
         "            pass  # (mutant) the half turn stays\n",
         "a turn cut short or aborted leaves no user message behind in the conversation",
         (f"{GEN}::test_an_operator_pause_closes_turns_that_are_sent_again_after_it",
@@ -1133,6 +1134,78 @@ MUTANTS: tuple[Mutant, ...] = (
         "none: proves the tests import the mutated copy, not the installed tree",
         (f"{GUARDS}::test_a_group_completed_over_several_reads_is_delivered_only_when_whole",),
         signature="mutant canary: the copy is what gets imported",
+    ),
+    Mutant(
+        "tools-call-cap", "producers/tools/loop.py",
+        "            run, over = parsed.calls[:cap], parsed.calls[cap:]\n",
+        "            run, over = parsed.calls, []\n",
+        "a reply's tool calls run only up to max_calls_per_turn; the rest are answered not run",
+        (f"{TOOLS}::test_several_calls_in_one_turn_run_up_to_the_cap",),
+    ),
+    Mutant(
+        "tools-no-half-turn", "producers/policies/openai.py",
+        "            del messages[asked - 1:]\n",
+        "            del messages[-1]\n",
+        "a turn that fails between tool rounds leaves none of its messages behind",
+        (f"{TOOLS}::test_a_turn_that_fails_between_tool_rounds_leaves_no_half_turn",),
+    ),
+    Mutant(
+        "tools-malformed-counted", "producers/tools/loop.py",
+        "                malformed += len(parsed.malformed)\n",
+        "                pass\n",
+        "a malformed tool call is counted on its step (tools/malformed per batch)",
+        (f"{TOOLS}::test_a_malformed_call_ends_the_turn_counted_and_first_logged",),
+    ),
+    Mutant(
+        "tools-sandbox-parallel", "producers/tools/loop.py",
+        "            async with slots:\n",
+        "            if slots:\n",
+        "a tag's python sandboxes run at most python.max_parallel at once in a producer",
+        (f"{TOOLS}::test_a_tags_sandboxes_run_at_most_max_parallel_at_once",),
+    ),
+    Mutant(
+        "sandbox-killed-when-cut-short", "producers/tools/sandbox.py",
+        "            if proc.returncode is None:\n                _kill(proc)\n"
+        "            returncode: int | None\n",
+        "            returncode: int | None\n",
+        "a tool call cut short (timeout, a cancelled turn) kills its program",
+        (f"{TOOLS}::test_a_call_cut_short_kills_its_program",
+         f"{TOOLS}::test_a_sleeping_program_is_killed_at_its_timeout"),
+    ),
+    Mutant(
+        "sandbox-cpu-limit", "producers/tools/sandbox.py",
+        '    "r.setrlimit(r.RLIMIT_CPU, (cpu, cpu + 1))\\n"\n',
+        "",
+        "the python tool's CPU-time limit kills an infinite loop",
+        (f"{TOOLS}::test_an_infinite_loop_is_killed_by_its_cpu_limit",),
+    ),
+    Mutant(
+        "sandbox-memory-limit", "producers/tools/sandbox.py",
+        '    "r.setrlimit(r.RLIMIT_AS, (memory, memory))\\n"\n',
+        "",
+        "the python tool's memory limit stops a memory hog",
+        (f"{TOOLS}::test_a_memory_hog_gets_a_memory_error",),
+    ),
+    Mutant(
+        "sandbox-output-cap", "producers/tools/sandbox.py",
+        '            return bytes(out[:cap]), "output_limit"\n',
+        '            return bytes(out), "output_limit"\n',
+        "the python tool's output is cut at output_bytes",
+        (f"{TOOLS}::test_output_is_capped_and_the_writer_killed",),
+    ),
+    Mutant(
+        "sandbox-no-network", "producers/tools/sandbox.py",
+        '            argv = ["unshare", *UNSHARE_ARGS, *argv]\n',
+        "            pass\n",
+        "the python tool runs in a network namespace of its own: connects fail",
+        (f"{TOOLS}::test_the_sandbox_has_no_network",),
+    ),
+    Mutant(
+        "sandbox-own-environment", "producers/tools/sandbox.py",
+        "            *argv, cwd=work, env=env,",
+        "            *argv, cwd=work, env=None,",
+        "none of the producer's environment variables (API keys) reach the python tool",
+        (f"{TOOLS}::test_each_call_gets_a_fresh_directory_and_none_of_our_environment",),
     ),
 )
 

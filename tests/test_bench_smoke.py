@@ -86,6 +86,11 @@ def test_bench_group_filters_prints_a_row_per_step_size():
     assert len(rows) == 2 and all(row.count("|") == 8 for row in rows), out
 
 
+def test_bench_tools_prints_cpu_per_call_and_sandbox_start_cost():
+    out = bench("bench/bench_tools.py", "--episodes", "8", "--calls", "3", "--concurrency", "4")
+    assert "| python tool (sandbox) | 8 |" in out and "| bare python -I -c pass |" in out, out
+
+
 def test_bench_partial_prints_the_discarded_tokens_ratios():
     out = bench("bench/bench_partial.py", "--steps", "1", "--groups", "2", "--latency-s",
                 "0.005", "--load-time-s", "0.02")

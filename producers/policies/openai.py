@@ -46,6 +46,7 @@ from redis.exceptions import RedisError
 from producers import metrics
 from producers.llm.sampling import for_turn
 from producers.policies.protocol import PolicyContext, StepContext, Turn
+from producers.tools.loop import ToolLoop, request_fields, tools_of
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
 from schemas.errors import PolicyError, TurnAborted
 from schemas.policy import OpenAIPolicyConfig, ServerRecord, read_server_record
@@ -90,6 +91,8 @@ class OpenAIPolicy:
         self._merging: set[str] = set()  # servers warned about merged logprob entries
         self._template: Any = None  # token-in/token-out: the model's chat template
         self._tito: Any = None  # producers.llm.tito when policy.tokenizer is set
+        self._tools = ToolLoop()  # a tag's tool calls (producers/tools/loop.py)
+        self._tools_by_chat: set[str] = set()  # tags with tools said to go by chat requests
 
     async def start(self, context: PolicyContext | None = None) -> None:
         """Read the API key, open the HTTP session, check that a server serves the model,
@@ -162,16 +165,26 @@ class OpenAIPolicy:
         prompt: AgentPrompt = getattr(env, "agent_prompt", None) or _DEFAULT_PROMPT
         sampled = for_turn(config.sampling, ctx.mode, prompt.max_tokens_per_step)
         messages = chat.messages_for_turn(ctx, observation, prompt, sampled.max_response_length)
-        tito, ids = self._tito, None
-        try:
+        tools = tools_of(env)  # the tag's tools (producers/tools/loop.py)
+        extra_body = ({**config.extra_body, **request_fields(*tools)} if tools is not None
+                      else config.extra_body)
+        tito = self._tito if tools is None else self._chat_for_tools(ctx)
+        min_version = self._min_version(ctx) if config.require_version else None
+        asked = len(messages)
+        answered: list[Any] = []  # the pool's answer of the last reply
+        prompt_ids: list[list[int] | None] = [None]  # the last reply's prompt ids (tito)
+
+        async def generate() -> tuple[Turn, Any]:
+            """One reply to `messages` as they are now."""
+            ids = None
             if tito is not None:  # token-in/token-out: the template applied here
                 ids = tito.prompt_ids(self._template, ctx.scratch, messages)
-            body = self._body(messages, ids, sampled.fields(), ctx)
-            min_version = self._min_version(ctx) if config.require_version else None
+            prompt_ids[0] = ids
+            body = self._body(messages, ids, sampled.fields(), ctx, extra_body)
             answer = await self.pool.chat(body, min_version=min_version)
             refit = sampled.refit(answer.data)  # ROLL's sequence_length (llm/sampling.py)
             if refit is not None:
-                body = self._body(messages, ids, sampled.fields(refit), ctx)
+                body = self._body(messages, ids, sampled.fields(refit), ctx, extra_body)
                 answer = await self.pool.chat(body, min_version=min_version)
             if ids is not None:
                 turn = tito.turn_from_completion(answer.data, ids, self._template)
@@ -182,13 +195,20 @@ class OpenAIPolicy:
             if turn.finish_reason == "abort":  # SGLang, while it loads new weights
                 self._aborted(answer.server.base_url)
                 raise TurnAborted(f"model server {answer.server.base_url} aborted it")
+            turn.server, turn.latency_s = answer.server.base_url, answer.latency_s
+            answered[:] = [answer]
+            return turn, answer.data
+
+        try:
+            turn, data = await generate()
+            if tools is not None:
+                turn = await self._tools.play(env, ctx, messages, turn, data, generate)
         except BaseException:  # cut short, aborted or failed: no half turn stays behind
-            del messages[-1]
+            del messages[asked - 1:]
             raise
-        turn.server = answer.server.base_url
-        turn.latency_s = answer.latency_s
+        answer = answered[0]
         if self._aborting:
-            self._aborting.pop(turn.server, None)
+            self._aborting.pop(answer.server.base_url, None)
         if (turn.version is not None and answer.version is None
                 and turn.version > ctx.version + 1 and self._context is not None):
             # reported by a server the run has no record of, and ahead of any version the run
@@ -201,21 +221,33 @@ class OpenAIPolicy:
             else:
                 turn.version, turn.version_source = ctx.version, "producer"
         messages.append({"role": "assistant", "content": turn.text})
-        if ids is not None:  # the next turn extends these ids
+        ids = prompt_ids[0]
+        if ids is not None and tito is not None:  # the next turn extends these ids
             tito.remember(ctx.scratch, messages, ids, turn.response_ids.tolist())
         parse = getattr(env, "parse_action", None)
         action = parse(turn.text) if parse is not None else None
         return (-1 if action is None else action), turn
 
     def _body(self, messages: list[dict[str, str]], ids: list[int] | None,
-              sampling: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+              sampling: dict[str, Any], ctx: StepContext,
+              extra_body: dict[str, Any]) -> dict[str, Any]:
         """A turn's request: chat messages, or with `policy.tokenizer` the prompt's ids."""
         config, seed = self.config, self._chat.turn_seed(ctx)
         if ids is not None:
             return self._tito.request_body(config.model, ids, sampling=sampling, seed=seed,
-                                           extra_body=config.extra_body)
+                                           extra_body=extra_body)
         return self._chat.request_body(config.model, messages, sampling=sampling, seed=seed,
-                                       extra_body=config.extra_body)
+                                       extra_body=extra_body)
+
+    def _chat_for_tools(self, ctx: StepContext) -> None:
+        """A tag with tools goes by chat requests (the server's tool parser) even with
+        `policy.tokenizer`: token-exact tool rounds are not built yet. Said once per tag."""
+        if self._tito is not None and ctx.tag not in self._tools_by_chat:
+            self._tools_by_chat.add(ctx.tag)
+            logger.warning("tag %s has tools: its turns go as chat requests, not token-in/"
+                           "token-out (policy.tokenizer), so their ids are the server's",
+                           ctx.tag)
+        return None
 
     def _merged(self, server: str, data: dict[str, Any]) -> None:
         """One warning per server whose logprob entries do not match its tokens (see

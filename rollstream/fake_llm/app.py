@@ -30,7 +30,15 @@ from rollstream.fake_llm.control import Control
 from rollstream.fake_llm.faults import Faults
 from rollstream.fake_llm.flavors import FLAVORS, Flavor, Refusal, Reply
 from rollstream.fake_llm.options import FakeLLMOptions
-from rollstream.fake_llm.player import SPECIAL_IDS, pieces, render_prompt, reply
+from rollstream.fake_llm.player import (
+    SPECIAL_IDS,
+    add_tool_calls,
+    offers_python,
+    pieces,
+    render_prompt,
+    reply,
+    tool_reply,
+)
 from rollstream.fake_llm.responses import json_response, text_response, unauthorized
 
 if TYPE_CHECKING:
@@ -283,6 +291,8 @@ class FakeLLMServer:
         text, good = reply(body["messages"], float(body.get("temperature", 1.0) or 0.0), rng,
                            p_good=opts.p_good, malformed_share=opts.malformed_share,
                            think_words=opts.think_words)
+        if offers_python(body.get("tools")):  # scripted tool calls (player.tool_reply)
+            text = tool_reply(body["messages"], rng, malformed_share=opts.malformed_share) or text
         tokens = pieces(text) + ["<|im_end|>"]
         finish = "stop"
         if 0 < budget < len(tokens):
@@ -340,6 +350,8 @@ class FakeLLMServer:
         if not self.options.token_ids:
             body = {k: v for k, v in body.items() if k != "return_token_ids"}
         out = self.flavor.answer(body, model, answer)
+        if body.get("tools") and body.get("tool_choice") != "none":  # a server's tool parser
+            add_tool_calls(out, self.flavor.name)
         self.answers.append({"seed": body.get("seed"), "model": model,
                              "finish_reason": answer.finish, "tokens": len(answer.pieces),
                              "weight_version": answer.spans[-1][0] if answer.spans
