@@ -285,3 +285,26 @@ def test_rollout_kl_gives_the_k1_k3_estimators_over_the_mask():
     assert rollout_kl(rollout, trainer, np.zeros((2, 3)))["mismatch/tokens"] == 0
     with pytest.raises(ValueError, match="one shape"):
         rollout_kl(rollout, trainer[:1])
+
+
+def test_an_llm_run_replays_from_its_recorded_replies_without_the_server(
+        fake_llm, r, run, tmp_path, producer_thread):
+    """The openai policy against the stand-in server: replay steps the text env with each
+    turn's recorded reply (the server is stopped first: it is never contacted)."""
+    from llm_helpers import lake_config
+
+    server = fake_llm(latency_s=0.001)
+    folder = tmp_path / "rec"
+    batcher = Batcher(r, lake_config([server.base_url]), run=run, record=folder)
+    producer_thread()
+    try:
+        batcher.ack(batcher.get_batch("train", timeout_s=60))
+    finally:
+        batcher.close()
+    server.stop()
+    [file] = batch_files(folder)
+    trajs = read_batch(file).trajectories
+    assert all(isinstance(s.get("response"), str) for t in trajs for s in t["steps"])
+    out = run_cli("replay", str(folder))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "replayed 16 trajectories" in out.stdout and "identical" in out.stdout
