@@ -152,6 +152,8 @@ class Assembly:
                 return slot.entries()
             return []
         slot.members[msg["member"]] = (entry, msg)
+        if state.schedule.carry and msg["version_start"] < self._shared.version:
+            self._shared.count(state, "scheduler/carried_over")  # sync: from the last step
         slot.oldest_start = min(slot.oldest_start, msg["version_start"])
         if len(slot.members) == state.group_size:
             # oldest episode first; val orders by group so every round's batch is the same
@@ -163,7 +165,7 @@ class Assembly:
 
     def _is_stale(self, state: ModeState, k: int, version_start: int) -> bool:
         schedule, version = state.schedule, self._shared.version
-        return schedule.expired(k, version) or version - version_start > schedule.ratio
+        return schedule.expired(k, version) or version - version_start > schedule.bound
 
     # -- group filters -----------------------------------------------------------------------
     def judge(self, state: ModeState, needed: int) -> int:
@@ -219,7 +221,7 @@ class Assembly:
         version = self._shared.version
         # expired episodes, and groups whose weights fell more than `ratio` behind since they
         # were placed (a member's `version_start`: a version published over their heads)
-        oldest = version - state.schedule.ratio
+        oldest = version - state.schedule.bound  # (sync carry-over: one step more)
         stale = [slot for (_, k, _), slot in state.groups.items()
                  if state.schedule.expired(k, version)
                  or slot.oldest_start < oldest]
@@ -245,7 +247,8 @@ class Assembly:
         every group it reads, for each episode admitted and not yet expired (train: at most
         `2 * ratio + 1` steps' worth, early in a run; one in sync mode; a val round plays its
         episodes once)."""
-        steps = 2 * self.config.ratio + 1 if state.mode == "train" else 1
+        steps = 2 * self.config.ratio + 1 + state.schedule.carry if state.mode == "train" \
+            else 1
         return len(state.streams) * self.config.episodes_per_step(state.mode) * steps
 
     def deliverable(self, state: ModeState, wanted: int) -> int:
@@ -263,7 +266,7 @@ class Assembly:
             return wanted
         per_step = state.schedule.episodes_per_step
         version = self._shared.version
-        low, high = version * per_step, (version + 1) * per_step
+        low, high = (version - state.schedule.carry) * per_step, (version + 1) * per_step
         done = sum(1 for keys in state.finished.values() for _, k in keys if low <= k < high)
         return min(wanted, self.most_groups(state) - done)
 

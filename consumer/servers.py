@@ -74,6 +74,7 @@ from typing import TYPE_CHECKING, Any
 import redis as redis_lib
 
 from consumer.loaders import PAUSE_MODES, ServerHTTP
+from consumer.partial import keeping_pause_mode
 from consumer.periodic import Periodic
 from schemas.errors import ConfigError, ServerUpdateError
 from schemas.keys import Keys
@@ -163,7 +164,8 @@ class ModelServers:
     def for_batcher(cls, batcher: Batcher, method: str | Loader = "sglang",
                     **kwargs: Any) -> ModelServers:
         """The servers of the run `batcher` serves: its Redis client and run, the staleness
-        bound of its config, and the openai policy's `base_urls` and API key (unless given)."""
+        bound of its config, the openai policy's `base_urls` and API key, and the pause mode
+        its `partial_rollout.in_flight` asks for (`consumer.partial`), unless given."""
         policy = batcher.config.policy
         if "base_urls" not in kwargs:
             if not isinstance(policy, OpenAIPolicyConfig):
@@ -178,6 +180,8 @@ class ModelServers:
                                   f"{policy.api_key_env} is not set")
         kwargs.setdefault("staleness", batcher.config.ratio)
         kwargs.setdefault("batcher", batcher)
+        if "pause_mode" not in kwargs and isinstance(method, str):
+            kwargs["pause_mode"] = keeping_pause_mode(method, batcher.config.policy)
         return cls(batcher.redis, batcher.keys.run, method=method, **kwargs)
 
     # -- public ------------------------------------------------------------------------------

@@ -87,7 +87,7 @@ def new_mode_state(config: RolloutConfig, keys: Keys, mode: str, index: int,
     manager = config.manager(mode)
     streams = [keys.stream(mode, g) for g in range(manager.num_env_groups)
                if g % count == index]
-    schedule = Schedule(config.episodes_per_step(mode), config.ratio)
+    schedule = config.schedule(mode)
     members = manager.members
     env_ids = [g * members + m for g in range(manager.num_env_groups)
                if g % count == index for m in range(members)]

@@ -148,6 +148,7 @@ async def play_episode(
     acting_version: Callable[[], int] | None = None,
     inflight: InFlight | None = None,
     must_stop: Callable[[], bool] | None = None,
+    must_cut: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Play episode `slot.k` and return its trajectory message (not yet encoded).
 
@@ -159,7 +160,8 @@ async def play_episode(
     With `inflight`, an awaited `act` runs there and `must_stop()` says when a control change
     must cut it short (False: the gate would pass now, so it is not awaited); a turn cut
     short, or one the server aborted (`TurnAborted`), is sent again once the gate passes (or
-    the episode is abandoned).
+    the episode is abandoned). `must_cut()` (default `must_stop`) is what `inflight` asks
+    instead when it differs: a pause that keeps turns in flight (`producers.partial`).
     Env exceptions propagate; the caller retries with the same seed.
     """
     k = slot.k
@@ -195,7 +197,7 @@ async def play_episode(
         try:
             chosen = act_now(observation, ctx) if act_now is not None else None
             if chosen is None:
-                chosen = await _act(policy, observation, ctx, inflight, must_stop)
+                chosen = await _act(policy, observation, ctx, inflight, must_cut or must_stop)
         except ContextFull as exc:  # the conversation outgrew the model: ends truncated
             if not steps:  # not even the first turn fits: nothing to train on
                 raise EpisodeFailed(f"the first prompt does not fit the model's context "

@@ -37,6 +37,7 @@ GEN = "tests/test_generation_control.py"
 CONN = "tests/test_redisconn.py"
 DEPLOY = "tests/test_deployments.py"
 FILTERS = "tests/test_group_filters.py"
+PARTIAL = "tests/test_partial_rollout.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -99,14 +100,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "batcher-is-stale", "consumer/assembly.py",
-        "return schedule.expired(k, version) or version - version_start > schedule.ratio",
+        "return schedule.expired(k, version) or version - version_start > schedule.bound",
         "return False",
         "Assembly._is_stale: a trajectory that arrives expired or too stale is dropped",
         (f"{GUARDS}::test_the_batcher_drops_trajectories_that_arrive_already_stale",),
     ),
     Mutant(
         "batcher-staleness-bound", "consumer/assembly.py",
-        "return schedule.expired(k, version) or version - version_start > schedule.ratio",
+        "return schedule.expired(k, version) or version - version_start > schedule.bound",
         "return schedule.expired(k, version)",
         "Assembly._is_stale's bound on version_start (staleness <= ratio at hand-out)",
         (f"{GUARDS}::test_the_batcher_drops_trajectories_that_arrive_already_stale",),
@@ -1026,6 +1027,56 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return bool(verdict)\n",
         "a filter answering something but True, False or None stops the run in one line",
         (f"{FILTERS}::test_a_filter_that_raises_or_answers_garbage_stops_get_batch_in_one_line",),
+    ),
+    # partial rollouts (policy.partial_rollout; tests/test_partial_rollout.py)
+    Mutant(
+        "sync-carry-by-default", "schemas/config.py",
+        "return int(self.is_sync and self.policy.partial_rollout.sync_carry_over)",
+        "return int(self.is_sync)",
+        "sync mode stays on-policy by default: the carry-over only when asked for",
+        (f"{PARTIAL}::test_sync_stays_on_policy_unless_the_carry_over_is_asked_for[False]",),
+    ),
+    Mutant(
+        "sync-carry-stale", "consumer/assembly.py",
+        "or version - version_start > schedule.bound",
+        "or version - version_start > schedule.ratio",
+        "a carried-over trajectory (started a version back) is not dropped as stale",
+        (f"{PARTIAL}::test_sync_stays_on_policy_unless_the_carry_over_is_asked_for[True]",),
+    ),
+    Mutant(
+        "kept-turn-cut", "producers/partial.py",
+        "return SYNC in paused and not self.sync_survives",
+        "return True",
+        "a kept turn is never doubled: a pause that keeps turns does not close them (they "
+        "would be sent again)",
+        (f"{PARTIAL}::test_an_operator_pause_lets_turns_in_flight_finish",
+         f"{PARTIAL}::test_sync_stays_on_policy_unless_the_carry_over_is_asked_for[True]"),
+    ),
+    Mutant(
+        "kept-update-aborts", "consumer/partial.py",
+        'KEEPING = {"vllm": "keep", "sglang": "retract"}',
+        'KEEPING = {"vllm": "abort"}',
+        "a kept turn is never doubled: an update with in_flight keep pauses in a keeping mode",
+        (f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again"
+         "[keep-vllm]",
+         f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again"
+         "[keep-sglang]"),
+    ),
+    Mutant(
+        "kept-turn-lost-weights", "producers/llm/pool.py",
+        "lost = labels[-1][0] if labels and not labels[-1][0].isdigit() else None",
+        "lost = next((lb for lb, _, _ in labels if not lb.isdigit()), None)",
+        "a kept turn is never doubled: one that began on the launch weights is not taken for "
+        "a server that lost its weights (set aside, the turn sent again)",
+        (f"{PARTIAL}::test_a_turn_kept_through_the_first_update_is_used_not_sent_again",),
+    ),
+    Mutant(
+        "kept-turn-launch-label", "producers/llm/chat.py",
+        'labels = [(label if label.isdigit() else "0", start, end)',
+        'labels = [(label, start, end)',
+        "a turn kept from the launch weights into version 1 is labelled 0 (its oldest token), "
+        "not with the version recorded when it answered",
+        (f"{PARTIAL}::test_a_turn_kept_through_the_first_update_is_used_not_sent_again",),
     ),
     Mutant(
         "replay-compares-reward", "rollstream/replay.py",

@@ -84,3 +84,10 @@ def test_bench_group_filters_prints_a_row_per_step_size():
     out = bench("bench/bench_group_filters.py", "--steps", "2", "--groups", "4", "8")
     rows = [line for line in out.splitlines() if line.startswith(("| 4 (1x)", "| 8 (2x)"))]
     assert len(rows) == 2 and all(row.count("|") == 8 for row in rows), out
+
+
+def test_bench_partial_prints_the_discarded_tokens_ratios():
+    out = bench("bench/bench_partial.py", "--steps", "1", "--groups", "2", "--latency-s",
+                "0.005", "--load-time-s", "0.02")
+    assert "| async, in_flight keep |" in out and "keep / abort:" in out, out
+    assert "carry-over / on-policy:" in out and "an update holds generation" in out, out

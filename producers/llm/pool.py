@@ -397,8 +397,9 @@ class ServerPool:
             raise EpisodeFailed(f"model server {server.base_url} answered HTTP {status} "
                                 f"without a completion ({exc})") from None
         if reports and model is None and version is not None:
-            lost = next((label for label, _, _ in weight_labels(data) if not label.isdigit()),
-                        None)
+            labels = weight_labels(data)  # the newest span: what it holds now (a turn kept
+            # through the first update began under its launch weights, "default")
+            lost = labels[-1][0] if labels and not labels[-1][0].isdigit() else None
             if lost is not None:  # not a version we loaded: its launch weights
                 metrics.llm_error(server.base_url, "lost_weights")
                 raise Transient(f"it answers with weight_version {lost!r} where version "
