@@ -9,9 +9,11 @@ logprobs, exactly). The batch's mode, version, round and metrics, and the run's 
 config (as `rollstream config show` prints it, a password masked), sit in the file's schema
 metadata under `rollstream`.
 
-A file is written to a hidden temporary name in the same folder and renamed into place
-(`os.replace`, atomic on POSIX): a crash mid-write leaves at most a `.batch-*.tmp` file,
-which every reader skips, never half a batch under a batch's name. Numbers continue after
+A file is written to a hidden temporary name in the same folder and hard-linked into place
+(`os.link`: atomic on POSIX like a rename, and it fails on a name that exists, so several
+batchers recording into one folder never overwrite each other): a crash mid-write leaves
+at most a `.batch-*.tmp` file, which every reader skips, never half a batch under a batch's
+name. Numbers continue after
 the highest already in the folder, so a trainer that restarts with the same `--record`
 appends.
 
@@ -33,6 +35,7 @@ from schemas.errors import ConfigError, DecodeError
 
 FORMAT = "rollstream-batch/1"
 META_KEY = b"rollstream"
+CLAIM_TRIES = 100  # batch numbers a write tries when other writers took them meanwhile
 _NAME = re.compile(r"^batch-(\d+)-(train|val)\.parquet$")
 
 # the per-trajectory columns next to the message itself: (name, arrow type name)
@@ -85,15 +88,18 @@ class BatchStore:
         self.written = 0
 
     def write(self, batch: Any) -> Path:
-        """Store `batch` (a `Batch`); returns the file's path."""
-        name = f"batch-{self.next:06d}-{batch.mode}.parquet"
+        """Store `batch` (a `Batch`); returns the file's path. A number another writer took
+        meanwhile (several batchers recording into one folder) is never overwritten: the
+        file takes the next free one."""
         data = table_bytes(batch.mode, batch.version, batch.round, batch.metrics,
                            batch.trajectories, self.config_yaml)
-        final = self.path / name
-        write_atomic(final, data)
-        self.next += 1
-        self.written += 1
-        return final
+        for _ in range(CLAIM_TRIES):
+            final = self.path / f"batch-{self.next:06d}-{batch.mode}.parquet"
+            self.next += 1
+            if write_atomic(final, data, exclusive=True):
+                self.written += 1
+                return final
+        raise OSError(f"{self.path}: no free batch number after {CLAIM_TRIES} tries")
 
 
 def table_bytes(mode: str, version: int, round_: int, metrics: dict[str, float],
@@ -114,19 +120,27 @@ def table_bytes(mode: str, version: int, round_: int, metrics: dict[str, float],
     return sink.getvalue().to_pybytes()
 
 
-def write_atomic(final: Path, data: bytes) -> None:
+def write_atomic(final: Path, data: bytes, *, exclusive: bool = False) -> bool:
     """Write `data` to `final` through a hidden temporary file and a rename: readers see the
-    whole file or none (fsync before the rename, so a power cut cannot reorder them)."""
+    whole file or none (fsync before the rename, so a power cut cannot reorder them). With
+    `exclusive`, an existing `final` is left alone (a hard link, which fails on an existing
+    name, instead of the rename) and the answer is False."""
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, final)
-    except BaseException:
+        if not exclusive:
+            os.replace(tmp, final)
+            return True
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            return False
+        return True
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
 
 
 def batch_files(path: str | os.PathLike[str]) -> list[Path]:

@@ -308,3 +308,22 @@ def test_an_llm_run_replays_from_its_recorded_replies_without_the_server(
     out = run_cli("replay", str(folder))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "replayed 16 trajectories" in out.stdout and "identical" in out.stdout
+
+
+def test_two_writers_into_one_folder_never_overwrite_each_other(tmp_path):
+    """Several batchers recording into one folder: a number taken meanwhile is skipped."""
+    from helpers import trajectory
+
+    from consumer.batch import Batch
+    from consumer.store import BatchStore
+
+    first, second = BatchStore(tmp_path), BatchStore(tmp_path)  # both start at number 0
+
+    def batch(version: int) -> Batch:
+        return Batch("train", version, [trajectory("train", 0, version, m, group_size=2)
+                                        for m in range(2)], [], {})
+
+    written = [first.write(batch(0)), second.write(batch(1)), first.write(batch(2))]
+    assert [p.name for p in written] == [f"batch-00000{i}-train.parquet" for i in range(3)]
+    assert [read_batch(p).version for p in batch_files(tmp_path)] == [0, 1, 2]
+    assert sorted(os.listdir(tmp_path)) == [p.name for p in written]  # no temporary left
