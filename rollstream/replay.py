@@ -90,6 +90,7 @@ class Replayer:
         self.config = RolloutConfig.from_dict(yaml.safe_load(config_yaml),
                                               source="the recorded config")
         self.envs: dict[str, Any] = {}
+        self._at = -1  # the step being replayed (-1: the reset)
 
     def env(self, tag: str, report: ReplayReport) -> Any | None:
         if tag in report.skipped:
@@ -117,19 +118,27 @@ class Replayer:
             if env is None:
                 continue
             report.trajectories += 1
-            for diff in self.trajectory(env, traj):
+            diffs: list[Difference] = []
+            try:
+                diffs.extend(self.trajectory(env, traj))
+            except Exception as exc:  # the env raised where the recorded run's did not
+                diffs.append(Difference("", traj["traj_id"], self._at, "env raised", None,
+                                        f"{type(exc).__name__}: {exc}"))
+            for diff in diffs:
                 diff.file = recorded.path
-                report.differences.append(diff)
+            report.differences += diffs
             report.steps += len(traj["steps"])
 
     def trajectory(self, env: Any, traj: dict[str, Any]) -> Iterator[Difference]:
         traj_id, steps = traj["traj_id"], traj["steps"]
+        self._at = -1
         observation, _ = env.reset(seed=traj["seed"])
         if not same(steps[0]["observation"], observation):
             yield Difference("", traj_id, -1, "observation", steps[0]["observation"],
                              observation)
         text_step = getattr(env.unwrapped, "step_text", None)
         for i, step in enumerate(steps):
+            self._at = i
             reply = step.get("response")
             if text_step is not None and isinstance(reply, str):
                 observation, reward, terminated, truncated, _ = text_step(reply)

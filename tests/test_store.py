@@ -327,3 +327,25 @@ def test_two_writers_into_one_folder_never_overwrite_each_other(tmp_path):
     assert [p.name for p in written] == [f"batch-00000{i}-train.parquet" for i in range(3)]
     assert [read_batch(p).version for p in batch_files(tmp_path)] == [0, 1, 2]
     assert sorted(os.listdir(tmp_path)) == [p.name for p in written]  # no temporary left
+
+
+def test_an_env_that_raises_in_replay_is_a_difference_not_a_traceback(r, run, tmp_path,
+                                                                       producer_thread):
+    """An env that raises now where the recorded run's did not is reported as a difference
+    of that trajectory, and the replay goes on to the end."""
+    from helpers import BrokenEnv
+
+    from rollstream.replay import Replayer, ReplayReport
+
+    folder = tmp_path / "rec"
+    record_batches(r, run, folder, producer_thread, steps=1)
+    recorded = read_batch(batch_files(folder)[0])
+    replayer = Replayer(recorded.config_yaml)
+    replayer.envs["FrozenLake"] = BrokenEnv()
+    report = ReplayReport()
+    replayer.batch(recorded, report)
+    raised = [d.line() for d in report.differences if d.what == "env raised"]
+    assert report.trajectories == 16 and len(raised) == 16  # each one, to the end
+    first = recorded.trajectories[0]["traj_id"]
+    assert f"{first} step 0: env raised differs" in raised[0], raised[0]
+    assert "broken on purpose" in raised[0]
