@@ -2,7 +2,7 @@
 producers and no servers, for debugging a trainer on the very batches a run gave it.
 
 The object has the trainer-facing API of `Batcher` (`get_batch`, `ack`, `publish_version`,
-`version`, `totals`, `close`, `with`): `get_batch(mode)` returns the next stored batch of
+`version`, `config`, `totals`, `close`, `with`): `get_batch(mode)` returns the next stored batch of
 that mode, in the order they were recorded, as the same `Batch` (arrays, `turn_tokens`,
 `trajectory_tokens`, `metrics`); once they are used up it raises `RecordsExhausted` (a
 `BatchTimeout`, so a loop that stops on a timeout stops here too).
@@ -14,8 +14,11 @@ import os
 from collections import defaultdict
 from typing import Any
 
+import yaml
+
 from consumer.batch import Batch
 from consumer.store import batch_files, read_batch
+from schemas.config import RolloutConfig
 from schemas.errors import BatchTimeout, ConfigError
 
 
@@ -35,9 +38,20 @@ class RecordedBatcher:
             mode = "val" if file.name.endswith("-val.parquet") else "train"
             self._by_mode[mode].append(str(file))
         self._version = 0
+        self._config: RolloutConfig | None = None
         self._closed = False
         self.totals: dict[str, float] = defaultdict(float)
         self.handed = 0
+
+    @property
+    def config(self) -> RolloutConfig | None:
+        """The run's config as the first file records it (None if it records none)."""
+        if self._config is None:
+            text = read_batch(self._files[0]).config_yaml
+            if text:
+                self._config = RolloutConfig.from_dict(yaml.safe_load(text),
+                                                       source=str(self._files[0]))
+        return self._config
 
     @property
     def version(self) -> int:

@@ -141,6 +141,7 @@ def test_a_replayed_sokoban_run_is_identical_and_a_tampered_one_differs(
 def test_from_records_hands_the_same_batches_without_redis(r, run, tmp_path, producer_thread):
     handed = record_batches(r, run, tmp_path / "rec", producer_thread, steps=3)
     with Batcher.from_records(tmp_path / "rec") as again:
+        assert again.config.batch_size("train") == 16 and again.config.seed == 7
         for batch in handed:
             replayed = again.get_batch("train", n=16)
             assert (replayed.mode, replayed.version, replayed.round) == \
