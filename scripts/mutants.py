@@ -1096,8 +1096,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "store-write-atomic", "consumer/store.py",
         '    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")\n',
         "    tmp = final\n",
-        "a batch file is written under a hidden temporary name and renamed: a crash mid-write "
-        "leaves no partial batch file",
+        "a batch file is written under a hidden temporary name and linked into place: a crash "
+        "mid-write leaves no partial batch file",
         ("tests/test_store.py::test_a_crash_mid_write_leaves_no_partial_batch_file",),
     ),
     Mutant(
