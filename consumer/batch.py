@@ -264,6 +264,10 @@ def batch_metrics(
         metrics["rollout/score/min"] = float(scores.min())
         metrics["scheduler/staleness/mean"] = float(staleness.mean())
         metrics["scheduler/staleness/max"] = float(staleness.max())
+        # the distribution, not only the max: trajectories per version lag (0 = current)
+        lags, counts = np.unique(staleness.astype(np.int64), return_counts=True)
+        for lag, count in zip(lags.tolist(), counts.tolist(), strict=True):
+            metrics[f"scheduler/staleness/lag_{lag}"] = float(count)
         # ended by the model's context window (truncated with the turns that fit)
         metrics["rollout/context_full"] = float(sum(1 for t in trajs if "context_full" in t))
         metrics.update(tool_metrics(trajs))

@@ -129,6 +129,12 @@ def batcher_families(batcher: BatcherState, redis: Any, keys: Keys) -> Iterator[
     yield histogram("rollstream_commit_to_delivery_seconds",
                     "Time from a trajectory's commit to its hand-out (producer and trainer "
                     "clocks)", ["mode"], [((m,), h) for m, h in list(stats.latency.items())])
+    yield histogram("rollstream_trajectory_staleness_versions",
+                    "Version lag of each handed-out trajectory (batch version - version_start)",
+                    ["mode"], [((m,), h) for m, h in list(stats.staleness.items())])
+    yield histogram("rollstream_weight_sync_pause_seconds",
+                    "Time ModelServers.update held the model servers, pause to resume/update "
+                    "done, per update", [], [((), stats.sync_pause)])
     yield gauge("rollstream_version", "Policy version published by the trainer", [],
                 [((), batcher.version)])
     yield gauge("rollstream_batcher_waiting", "1 while get_batch is waiting", ["mode"],

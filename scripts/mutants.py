@@ -1080,6 +1080,28 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{PARTIAL}::test_a_turn_kept_through_the_first_update_is_used_not_sent_again",),
     ),
     Mutant(
+        "replay-compares-reward", "rollstream/replay.py",
+        '            if not same(step["reward"], float(reward)):\n',
+        "            if False:\n",
+        "replay reports a recorded reward the env does not give again (exit 1)",
+        ("tests/test_store.py::test_a_replayed_sokoban_run_is_identical_and_a_tampered_one_differs",),
+    ),
+    Mutant(
+        "replay-compares-exactly", "rollstream/replay.py",
+        "    return _equal(recorded, unpack(pack(replayed)))\n",
+        "    return True\n",
+        "replay's comparison of a recorded and a replayed observation or reward",
+        ("tests/test_store.py::test_a_replayed_sokoban_run_is_identical_and_a_tampered_one_differs",),
+    ),
+    Mutant(
+        "store-write-atomic", "consumer/store.py",
+        '    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")\n',
+        "    tmp = final\n",
+        "a batch file is written under a hidden temporary name and linked into place: a crash "
+        "mid-write leaves no partial batch file",
+        ("tests/test_store.py::test_a_crash_mid_write_leaves_no_partial_batch_file",),
+    ),
+    Mutant(
         "tito-extends-sampled", "producers/llm/tito.py",
         "        return extend(template, state.prompt, state.sampled, messages[state.covered:])\n",
         "        return template.prompt_ids(messages)\n",

@@ -38,6 +38,12 @@ def test_bench_pipeline_prints_a_ratio():
     assert "cores busy" in out and "0.8x needs" in out, out
 
 
+def test_bench_pipeline_compares_recording():
+    out = bench("bench/bench_pipeline.py", "--seconds", "2", "--producers", "1",
+                "--warmup-batches", "1", "--record", "both")
+    assert "record on / off:" in out and "bytes of Parquet per trajectory" in out, out
+
+
 def test_bench_handoff_prints_percentiles():
     out = bench("bench/bench_handoff.py", "--batches", "2", "--producers", "1")
     assert "hand-off, batch 1024" in out and "p99" in out, out
