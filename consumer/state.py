@@ -25,6 +25,12 @@ from schemas.stats import LATENCY_BUCKETS_S, WAIT_BUCKETS_S, Histogram
 GroupKey = tuple[int, int, int]  # (val round, episode k, group id)
 
 
+# the counters of generated tokens the batcher dropped: `tokens_discarded/{reason}`, reason
+# stale (an expired or too-stale trajectory: a sync hand-out's unfinished episodes land here),
+# late, val_discarded, failed_group, filtered
+TOKENS_DISCARDED = "tokens_discarded/"
+
+
 @dataclass
 class GroupSlot:
     """The members of one (round, episode, group) seen so far."""
@@ -40,6 +46,10 @@ class GroupSlot:
 
     def entries(self) -> list[Entry]:
         return [entry for entry, _ in self.members.values()] + self.failed
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The trajectories of its members that finished (failed ones carry no steps)."""
+        return [msg for _, msg in self.members.values()]
 
 
 @dataclass
