@@ -38,6 +38,7 @@ CONN = "tests/test_redisconn.py"
 DEPLOY = "tests/test_deployments.py"
 FILTERS = "tests/test_group_filters.py"
 PARTIAL = "tests/test_partial_rollout.py"
+PROVENANCE = "tests/test_token_provenance.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -1077,6 +1078,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "a turn kept from the launch weights into version 1 is labelled 0 (its oldest token), "
         "not with the version recorded when it answered",
         (f"{PARTIAL}::test_a_turn_kept_through_the_first_update_is_used_not_sent_again",),
+    ),
+    Mutant(
+        "token-version-spans", "consumer/batch.py",
+        "            out[int(start):int(end)] = int(version)",
+        "            pass  # (mutant) every token labelled with the turn's oldest version",
+        "per-token versions: each token of a turn kept through an update carries the version "
+        "of the span that sampled it",
+        (f"{PROVENANCE}::test_trajectory_tokens_line_up_turns_versions_rewards_and_logprobs",
+         f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again"),
+    ),
+    Mutant(
+        "oldest-token-staleness", "producers/rollout.py",
+        '"version_start": min(map(_oldest, steps)) if steps else control.version,',
+        '"version_start": max(map(_newest, steps)) if steps else control.version,',
+        "the staleness bound counts a trajectory's oldest token, not its newest",
+        (f"{PROVENANCE}::test_the_staleness_bound_counts_a_trajectorys_oldest_token",),
+    ),
+    Mutant(
+        "mid-turn-version-newest", "producers/llm/pool.py",
+        "version = end if version is None or end is None else min(version, end)",
+        "version = end",
+        "a full-weights turn updated mid-turn (no spans) is never labelled with the newer "
+        "weights alone",
+        (f"{PROVENANCE}::test_a_full_weights_turn_updated_mid_turn_records_both_ends",),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",

@@ -159,13 +159,13 @@ def test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again(
     assert servers.pause_mode == {("vllm", "keep"): "keep", ("vllm", "abort"): "abort",
                                   ("sglang", "keep"): "retract",
                                   ("sglang", "abort"): None}[flavor, in_flight]
+    counted = aborted_tokens_counted()
     producer_thread()
     batches = run_steps(batcher, servers, 1)  # the server holds version 1, the run too
 
     server.hold('"role":"assistant"')  # turns after an episode's first
     wait_for(lambda: server.stats["held"] >= 1, what="a turn held in flight at version 1")
     aborted = server.stats["aborted"]
-    counted = aborted_tokens_counted()
     updater = threading.Thread(target=servers.update, args=(2, "/ckpt/2"))
     updater.start()
     wait_for(lambda: server.options.weight_version == "2", what="the update under the hold")

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import redis
 from helpers import ONE_STEP_ENV_ID, publish, small_config
+from llm_helpers import fake_llm_factory
 
 from consumer import Batcher
 from consumer.batch import Batch, turn_versions
@@ -29,6 +30,8 @@ from producers.policies.protocol import StepContext, Turn
 from producers.rollout import EnvSlot, play_episode
 from schemas.codec import ENTRY_FIELD, decode_trajectory, encode_trajectory, traj_ids
 from schemas.errors import BatchTimeout
+
+fake_llm = pytest.fixture(fake_llm_factory)
 
 
 def step(prompt: list[int], response: list[int], logprobs: list[float], reward: float,
@@ -175,3 +178,31 @@ def test_aborted_tokens_are_counted_by_mode_and_reason() -> None:
                                                                      0) + 5
     text = "".join(str(f) for f in metrics.LLM.families())
     assert "rollstream_tokens_discarded" in text
+
+
+def test_a_full_weights_turn_updated_mid_turn_records_both_ends(fake_llm) -> None:
+    """vLLM 0.10.2 (no per-token spans), full weights: the run records version 2 for the
+    server while a turn sent at version 1 is held; the answer is labelled 1 (its first tokens
+    are version 1's) with `version_end` 2, never 2 alone."""
+    from test_llm_pool import run_pool
+
+    from schemas.policy import ServerRecord
+
+    server = fake_llm(flavor="vllm010", latency_s=0.001)
+    server.hold()
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+            "logprobs": True, "return_token_ids": True, "seed": 1}
+
+    async def scenario(pool: Any) -> Any:
+        await pool.check_model("fake-model")
+        pool.set_versions({server.base_url: ServerRecord(1, checkpoint="/ckpt/1")})
+        turn = asyncio.create_task(pool.chat(body))
+        while server.stats["held"] < 1:
+            await asyncio.sleep(0.01)
+        pool.set_versions({server.base_url: ServerRecord(2, checkpoint="/ckpt/2")})
+        server.release()
+        return await asyncio.wait_for(turn, 10)
+
+    answer = run_pool([server.base_url], scenario)
+    assert "weight_versions" not in answer.data["choices"][0]
+    assert (answer.version, answer.version_end) == (1, 2)
