@@ -160,7 +160,7 @@ def test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again(
                                   ("sglang", "keep"): "retract",
                                   ("sglang", "abort"): None}[flavor, in_flight]
     counted = aborted_tokens_counted()
-    producer_thread()
+    producer = producer_thread()
     batches = run_steps(batcher, servers, 1)  # the server holds version 1, the run too
 
     server.hold('"role":"assistant"')  # turns after an episode's first
@@ -216,6 +216,8 @@ def test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again(
         # the producer counts the tokens the aborting answers carried as discarded
         assert aborted_tokens_counted() - counted == sum(a["tokens"] for a in lost)
         assert (flavor == "sglang") == (sum(a["tokens"] for a in lost) == 0)
+        record = producer.producer.stats.record()  # what `rollstream status` shows
+        assert record.tokens_discarded.get("aborted", 0) == aborted_tokens_counted()
     answered(server)  # and no turn was completed twice
 
 

@@ -23,11 +23,14 @@ from llm_helpers import fake_llm_factory
 
 from consumer import Batcher
 from consumer.batch import Batch, turn_versions
+from consumer.metrics import batcher_families
 from producers import metrics
 from producers.control import ControlState
 from producers.envs import make_env
 from producers.policies.protocol import StepContext, Turn
 from producers.rollout import EnvSlot, play_episode
+from rollstream.status.render import render_text
+from rollstream.status.snapshot import snapshot
 from schemas.codec import ENTRY_FIELD, decode_trajectory, encode_trajectory, traj_ids
 from schemas.errors import BatchTimeout
 
@@ -169,6 +172,14 @@ def test_the_staleness_bound_counts_a_trajectorys_oldest_token(r: redis.Redis,
     totals = batcher._shared.totals
     assert totals["scheduler/stale_dropped"] == 4
     assert totals["tokens_discarded/stale"] == 16
+    # on the trainer's /metrics and in `rollstream status` (the batcher's state record)
+    families = {f.name: f for f in batcher_families(batcher._shared, r, batcher.keys)}
+    samples = families["rollstream_batcher_tokens_discarded"].samples
+    assert [(s.labels, s.value) for s in samples] == [({"mode": "train", "reason": "stale"},
+                                                       16)]
+    snap = snapshot(r, batcher.keys, config)
+    assert snap["tokens_discarded"]["stale"] == 16
+    assert "tokens discarded: " in render_text(snap) and "stale 16" in render_text(snap)
 
 
 def test_aborted_tokens_are_counted_by_mode_and_reason() -> None:
