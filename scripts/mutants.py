@@ -994,7 +994,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "group-filter-acks-and-deletes", "consumer/assembly.py",
-        "            self.drop_groups(state, filtered, counter=None)\n",
+        "            self.drop_groups(state, filtered, counter=None, tokens=\"filtered\")\n",
         "            for slot in filtered:\n                state.finish(slot)\n",
         "a filtered group's entries are acked and deleted at once, not left pending",
         (f"{FILTERS}::test_groups_whose_rewards_all_agree_are_filtered_counted_and_deleted",),
@@ -1102,6 +1102,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "a full-weights turn updated mid-turn (no spans) is never labelled with the newer "
         "weights alone",
         (f"{PROVENANCE}::test_a_full_weights_turn_updated_mid_turn_records_both_ends",),
+    ),
+    Mutant(
+        "discarded-tokens-expired", "consumer/assembly.py",
+        'self.drop_groups(state, stale, counter="scheduler/stale_dropped", tokens="stale")',
+        'self.drop_groups(state, stale, counter="scheduler/stale_dropped")',
+        "the generated tokens of a group expired at a publish are counted as discarded",
+        (f"{PROVENANCE}::test_a_held_group_expired_by_a_publish_counts_its_tokens",),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",

@@ -4,7 +4,10 @@ boundaries, per-token versions, last-token rewards and behaviour logprobs.
 
 - the token arrays: hand-built trajectories through the real codec (pure logic);
 - the oldest-token rule: an episode played by `play_episode` with a turn that spans two
-  versions, committed to the real Redis and judged by a real Batcher;
+  versions, committed to the real Redis and judged by a real Batcher (its tokens counted as
+  discarded, on `/metrics` and in `rollstream status`); a held group expired by a publish;
+- a full-weights turn that a server without spans answers across a recorded update (the
+  stand-in's vLLM 0.10.2 flavor): labelled with both ends, never the newer alone;
 - across a real async weight update with the stand-in server: in
   tests/test_partial_rollout.py (the per-token versions of a kept turn, and the tokens of
   aborted turns counted as discarded).
@@ -217,3 +220,23 @@ def test_a_full_weights_turn_updated_mid_turn_records_both_ends(fake_llm) -> Non
     answer = run_pool([server.base_url], scenario)
     assert "weight_versions" not in answer.data["choices"][0]
     assert (answer.version, answer.version_end) == (1, 2)
+
+
+def test_a_held_group_expired_by_a_publish_counts_its_tokens(r: redis.Redis, run: str) -> None:
+    """Sync: three of four members of step 0's episode are held when version 1 is published;
+    the batcher drops the group as expired (the sync hand-out's unfinished episode) and counts
+    the 3 x 5 tokens its members generated under `tokens_discarded/stale`."""
+    config = small_config()
+    batcher = Batcher(r, config, run=run)
+    reply = [step([1, 2], [3, 4, 5, 6, 7], [-1.0] * 5, 0.0, 0)]
+    for member in range(3):
+        msg = traj(member, reply)
+        r.xadd(batcher.keys.stream("train", 0), {ENTRY_FIELD: encode_trajectory(msg)})
+    with pytest.raises(BatchTimeout):
+        batcher.get_batch(timeout_s=0)  # read and held: the group is partial
+    assert batcher._shared.totals["tokens_discarded/stale"] == 0
+    publish(batcher)
+    with pytest.raises(BatchTimeout):
+        batcher.get_batch(timeout_s=0)
+    assert batcher._shared.totals["scheduler/stale_dropped"] == 3
+    assert batcher._shared.totals["tokens_discarded/stale"] == 15
