@@ -6,6 +6,8 @@ boundaries, per-token versions, last-token rewards and behaviour logprobs.
 - the oldest-token rule: an episode played by `play_episode` with a turn that spans two
   versions, committed to the real Redis and judged by a real Batcher (its tokens counted as
   discarded, on `/metrics` and in `rollstream status`); a held group expired by a publish;
+- an episode abandoned after a turn (the gate gives it up once the version moved) counts that
+  turn's tokens on the producer's side;
 - a full-weights turn that a server without spans answers across a recorded update (the
   stand-in's vLLM 0.10.2 flavor): labelled with both ends, never the newer alone;
 - across a real async weight update with the stand-in server: in
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import redis
@@ -240,3 +243,57 @@ def test_a_held_group_expired_by_a_publish_counts_its_tokens(r: redis.Redis, run
         batcher.get_batch(timeout_s=0)
     assert batcher._shared.totals["scheduler/stale_dropped"] == 3
     assert batcher._shared.totals["tokens_discarded/stale"] == 15
+
+
+class TwoStepEnv(gym.Env):
+    """Ends after its second step."""
+
+    observation_space = gym.spaces.Discrete(3)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        return 0, {}
+
+    def step(self, action: int):
+        self.t += 1
+        return self.t, 0.0, self.t >= 2, False, {}
+
+
+class ExpiringPolicy:
+    """Answers a 3-token turn, then the run moves on under the episode (the control state
+    changes: the gate runs again before the next turn, and gives the episode up)."""
+
+    def __init__(self, control: ControlState):
+        self.control = control
+
+    async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, Turn]:
+        self.control.update(1, frozenset(), 0, False)
+        return 0, Turn(text="x", prompt_ids=[1], response_ids=[2, 3, 4], logprobs=[-1.0] * 3)
+
+
+def test_an_abandoned_episodes_tokens_are_counted() -> None:
+    """An episode given up after one turn (its gate says no once the version moved: an
+    expiry) counts that turn's 3 tokens as discarded, `abandoned`, on the producer's
+    /metrics."""
+    from producers.rollout import Abandoned
+
+    before = metrics.LLM.discarded.get(("train", "abandoned"), 0)
+    control = ControlState()
+    gates: list[int] = []
+
+    async def gate() -> bool:
+        gates.append(control.version)
+        return control.version == 0
+
+    async def play() -> None:
+        slot = EnvSlot(mode="train", env_id=0, group_id=0, member=0, shard=0, tag="Two",
+                       env=TwoStepEnv())
+        await play_episode(slot, seed=1, producer_id="p", policy=ExpiringPolicy(control),
+                           control=control, gate=gate)
+
+    with pytest.raises(Abandoned):
+        asyncio.run(play())
+    assert gates == [0, 1]
+    assert metrics.LLM.discarded[("train", "abandoned")] - before == 3
