@@ -117,6 +117,11 @@ class OpenAIPolicyConfig(_PartialRolloutField):
     require_version: bool = Field(
         default=False, description="send a turn only to a server whose weight version is "
         "within the run's staleness bound; wait otherwise")
+    tokenizer: str | None = Field(
+        default=None, min_length=1, description="token-in/token-out: a Hugging Face tokenizer "
+        "folder (tokenizer.json, tokenizer_config.json with the chat template) or name; the "
+        "producers apply the chat template, send token-id prompts to /v1/completions and "
+        "extend each turn with the sampled ids (producers.llm.tito; the tito extra)")
 
     @model_validator(mode="before")
     @classmethod
@@ -200,6 +205,7 @@ _OWN_BODY_FIELDS = {
     "model": "model", "messages": "", "temperature": "temperature", "top_p": "top_p",
     "top_k": "top_k", "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
     "seed": "", "logprobs": "", "return_token_ids": "", "stream": "", "n": "",
+    "prompt": "tokenizer",
 }
 
 

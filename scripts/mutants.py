@@ -39,6 +39,7 @@ DEPLOY = "tests/test_deployments.py"
 FILTERS = "tests/test_group_filters.py"
 PARTIAL = "tests/test_partial_rollout.py"
 PROVENANCE = "tests/test_token_provenance.py"
+TITO = "tests/test_tito.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -850,9 +851,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
-        "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
-        "dict):\n",
-        "            if False:\n",
+        "            if not isinstance(choice, dict) or not (\n",
+        "            if False and (\n",
         "a 200 whose choice is no message fails the episode naming the server",
         ("tests/test_llm_pool.py::test_a_200_that_is_no_completion_fails_the_episode_naming_the_"
          "server",),
@@ -1109,6 +1109,53 @@ MUTANTS: tuple[Mutant, ...] = (
         'self.drop_groups(state, stale, counter="scheduler/stale_dropped")',
         "the generated tokens of a group expired at a publish are counted as discarded",
         (f"{PROVENANCE}::test_a_held_group_expired_by_a_publish_counts_its_tokens",),
+    ),
+    Mutant(
+        "tito-extends-sampled", "producers/llm/tito.py",
+        "        return extend(template, state.prompt, state.sampled, messages[state.covered:])\n",
+        "        return template.prompt_ids(messages)\n",
+        "token-in/token-out: a next turn extends the previous prompt and sampled ids, never a "
+        "re-rendering (a Qwen3-style template rewrites earlier turns)",
+        (f"{TITO}::test_thinking_template_turns_extend_what_was_sampled",),
+    ),
+    Mutant(
+        "tito-close-overlap", "producers/llm/tito.py",
+        "            overlap = k\n",
+        "            overlap = 0\n",
+        "the template's close of a reply is not doubled when the sampled ids end with it",
+        (f"{TITO}::test_chatml_turns_are_the_rendered_conversation",),
+    ),
+    Mutant(
+        "tito-close-added", "producers/llm/tito.py",
+        "[*prompt, *sampled, *close[overlap:], *template.suffix_ids(new_messages)]",
+        "[*prompt, *sampled, *template.suffix_ids(new_messages)]",
+        "a reply without its end-of-turn token (llama-server's OpenAI ids, a cut reply) is "
+        "closed as the template closes it",
+        (f"{TITO}::test_a_reply_without_its_end_token_is_closed_by_the_template",),
+    ),
+    Mutant(
+        "tito-same-conversation", "producers/llm/tito.py",
+        "if (state is not None and state.messages is messages and",
+        "if (state is not None and",
+        "only the same conversation is extended: a step manager's fresh prompt is encoded "
+        "afresh",
+        (f"{TITO}::test_a_fresh_message_list_is_encoded_afresh",),
+    ),
+    Mutant(
+        "tito-server-ids", "producers/llm/tito.py",
+        '    response_ids = choice.get("token_ids")\n    if response_ids is None:\n'
+        '        response_ids = choice.get("response_token_ids")\n',
+        "    response_ids = None\n",
+        "a reply's ids are the server's where it gives them (the tokenizer's only otherwise)",
+        (f"{TITO}::test_reply_ids_from_the_server_else_the_tokenizer",
+         f"{TITO}::test_a_run_token_in_token_out_through_the_stand_in"),
+    ),
+    Mutant(
+        "tito-llama-native", "producers/llm/servers.py",
+        "        if self.dialect is LLAMA_SERVER:\n            root = ",
+        "        if False:\n            root = ",
+        "llama-server gets token-id prompts at its own /completion (exact ids in `tokens`)",
+        (f"{TITO}::test_a_run_token_in_token_out_through_the_stand_in",),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",

@@ -59,8 +59,8 @@ import aiohttp
 import orjson
 
 from producers import metrics
-from producers.llm import adapt
-from producers.llm.dialects import context_limit, identify
+from producers.llm import adapt, tito
+from producers.llm.dialects import LLAMA_SERVER, context_limit, identify
 from producers.llm.replies import (
     TRANSIENT_4XX,
     Transient,
@@ -276,7 +276,8 @@ class ServerPool:
                    min_version: int | None = None) -> Answer:
         """POST `body` (a request dict, or its JSON) to `/chat/completions`, shaped for the
         server it goes to (`producers.llm.adapt`; see the module docstring for the retries),
-        to a server holding at least `min_version` when given."""
+        to a server holding at least `min_version` when given. A body with a `prompt` (a
+        token-id prompt, `producers.llm.tito`) goes to `/completions` instead."""
         assert self._slots is not None
         if isinstance(body, bytes | bytearray):
             body = orjson.loads(body)
@@ -349,10 +350,15 @@ class ServerPool:
         model, version = server.model, server.version  # an adapter fixes its version now
         reports = server.reports
         sent, payload = adapt.shape(server, body)
+        url = server.chat_url
+        if "prompt" in body:  # token-in/token-out
+            url = server.completions_url
+            if server.dialect is LLAMA_SERVER:
+                sent, payload = tito.llama_native(sent)
         server.inflight += 1
         t0 = time.perf_counter()
         try:
-            async with self._session.post(server.chat_url, data=payload,
+            async with self._session.post(url, data=payload,
                                           headers=self._headers) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -390,10 +396,13 @@ class ServerPool:
                                 f"(HTTP {status}): {error_text(raw)}")
         try:
             data = orjson.loads(raw)
+            if "return_tokens" in sent and isinstance(data, dict):
+                data = tito.from_llama_native(data)
             if not isinstance(data, dict) or not data.get("choices"):
                 raise ValueError("no choices")
             choice = data["choices"][0]
-            if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            if not isinstance(choice, dict) or not (
+                    isinstance(choice.get("message"), dict) or isinstance(choice.get("text"), str)):
                 raise ValueError("choices[0] holds no message")
         except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
             metrics.llm_error(server.base_url, "bad_reply")

@@ -24,6 +24,10 @@ does. A turn the server aborted raises
 `TurnAborted` (the producer sends it again through its gate); a turn cut short leaves the
 conversation as it was.
 
+With `policy.tokenizer` the turns are token-in/token-out (`producers.llm.tito`): the
+producer applies the model's chat template, sends the prompt's ids to `/completions`, and
+extends each next turn with the ids the model sampled.
+
 The API key is read at `start()` from the environment variable `api_key_env` names and sent
 as `Authorization: Bearer`; it is never logged and never leaves the process otherwise.
 """
@@ -84,6 +88,8 @@ class OpenAIPolicy:
         # server -> (first abort of the streak, aborts since, warned): its turns keep aborting
         self._aborting: dict[str, tuple[float, int, bool]] = {}
         self._merging: set[str] = set()  # servers warned about merged logprob entries
+        self._template: Any = None  # token-in/token-out: the model's chat template
+        self._tito: Any = None  # producers.llm.tito when policy.tokenizer is set
 
     async def start(self, context: PolicyContext | None = None) -> None:
         """Read the API key, open the HTTP session, check that a server serves the model,
@@ -95,6 +101,10 @@ class OpenAIPolicy:
             if not api_key:
                 raise PolicyError(f"policy.api_key_env: the environment variable "
                                   f"{config.api_key_env} is not set")
+        if config.tokenizer is not None and self._template is None:
+            from producers.llm import tito
+            from producers.llm.template import ChatTemplate
+            self._template, self._tito = ChatTemplate.load(config.tokenizer), tito
         threshold = gc.get_threshold()
         if threshold[0] < GC_GEN0_THRESHOLD:
             self._gc_threshold = threshold
@@ -152,17 +162,21 @@ class OpenAIPolicy:
         prompt: AgentPrompt = getattr(env, "agent_prompt", None) or _DEFAULT_PROMPT
         sampled = for_turn(config.sampling, ctx.mode, prompt.max_tokens_per_step)
         messages = chat.messages_for_turn(ctx, observation, prompt, sampled.max_response_length)
+        tito, ids = self._tito, None
         try:
-            body = chat.request_body(config.model, messages, sampling=sampled.fields(),
-                                     seed=chat.turn_seed(ctx), extra_body=config.extra_body)
+            if tito is not None:  # token-in/token-out: the template applied here
+                ids = tito.prompt_ids(self._template, ctx.scratch, messages)
+            body = self._body(messages, ids, sampled.fields(), ctx)
             min_version = self._min_version(ctx) if config.require_version else None
             answer = await self.pool.chat(body, min_version=min_version)
             refit = sampled.refit(answer.data)  # ROLL's sequence_length (llm/sampling.py)
             if refit is not None:
-                body = chat.request_body(config.model, messages, sampling=sampled.fields(refit),
-                                         seed=chat.turn_seed(ctx), extra_body=config.extra_body)
+                body = self._body(messages, ids, sampled.fields(refit), ctx)
                 answer = await self.pool.chat(body, min_version=min_version)
-            turn = chat.turn_from_answer(answer.data)
+            if ids is not None:
+                turn = tito.turn_from_completion(answer.data, ids, self._template)
+            else:
+                turn = chat.turn_from_answer(answer.data)
             if turn.logprobs is None:
                 self._merged(answer.server.base_url, answer.data)
             if turn.finish_reason == "abort":  # SGLang, while it loads new weights
@@ -193,9 +207,21 @@ class OpenAIPolicy:
             else:
                 turn.version, turn.version_source = ctx.version, "producer"
         messages.append({"role": "assistant", "content": turn.text})
+        if ids is not None:  # the next turn extends these ids
+            tito.remember(ctx.scratch, messages, ids, turn.response_ids.tolist())
         parse = getattr(env, "parse_action", None)
         action = parse(turn.text) if parse is not None else None
         return (-1 if action is None else action), turn
+
+    def _body(self, messages: list[dict[str, str]], ids: list[int] | None,
+              sampling: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+        """A turn's request: chat messages, or with `policy.tokenizer` the prompt's ids."""
+        config, seed = self.config, self._chat.turn_seed(ctx)
+        if ids is not None:
+            return self._tito.request_body(config.model, ids, sampling=sampling, seed=seed,
+                                           extra_body=config.extra_body)
+        return self._chat.request_body(config.model, messages, sampling=sampling, seed=seed,
+                                       extra_body=config.extra_body)
 
     def _merged(self, server: str, data: dict[str, Any]) -> None:
         """One warning per server whose logprob entries do not match its tokens (see

@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rollstream.fake_llm.completions import add_routes as add_completion_routes
 from rollstream.fake_llm.control import Control
 from rollstream.fake_llm.faults import Faults
 from rollstream.fake_llm.flavors import FLAVORS, Flavor, Refusal, Reply
@@ -189,6 +190,7 @@ class FakeLLMServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         self.control.add_routes(app)
+        add_completion_routes(app, self)  # token-id prompts, /tokenize
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=0.5)
         await self._runner.setup()
