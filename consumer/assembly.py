@@ -24,7 +24,7 @@ from typing import Any
 from consumer.batch import Entry
 from consumer.filters import FILTERED, REASON_COUNTERS, build_group_filters
 from consumer.liveness import Heartbeat
-from consumer.state import BatcherState, GroupKey, GroupSlot, ModeState
+from consumer.state import TOKENS_DISCARDED, BatcherState, GroupKey, GroupSlot, ModeState
 from consumer.writes import Writer
 from schemas.codec import ENTRY_FIELD, decode_trajectory
 from schemas.config import RolloutConfig
@@ -125,12 +125,15 @@ class Assembly:
         g, k, rnd = msg["group_id"], msg["episode_id"], int(msg.get("round", 0))
         if state.mode == "val" and rnd != state.round:
             self._shared.count(state, "scheduler/val_discarded")
+            self._discarded(state, "val_discarded", [msg])
             return [entry]
         if state.mode == "train" and self._is_stale(state, k, msg["version_start"]):
             self._shared.count(state, "scheduler/stale_dropped")
+            self._discarded(state, "stale", [msg])
             return [entry]
         if (rnd, k) in state.finished[g]:
             self._shared.count(state, "scheduler/late_dropped")
+            self._discarded(state, "late", [msg])
             return [entry]
         key = (rnd, k, g)
         slot = state.groups.get(key)
@@ -140,6 +143,7 @@ class Assembly:
         slot.priority = slot.priority or priority
         if len(slot.members) >= state.group_size or msg["member"] in slot.members:
             self._shared.count(state, "scheduler/late_dropped")
+            self._discarded(state, "late", [msg])
             return [entry]  # redundancy: the first group_size finishers won; or a duplicate
         state.held.add(entry)
         if msg.get("failed"):
@@ -147,6 +151,7 @@ class Assembly:
             if state.members - len(slot.failed) < state.group_size:
                 state.finish(slot)
                 self._shared.count(state, "scheduler/failed_groups")
+                self._discarded(state, "failed_group", slot.messages())
                 self._repeats.warning(f"dropping group {key}: a member failed "
                                       f"({msg.get('error')})")
                 return slot.entries()
@@ -163,7 +168,16 @@ class Assembly:
             state.ready_count += 1
         return []
 
+    def _discarded(self, state: ModeState, reason: str, msgs: list[dict[str, Any]]) -> None:
+        """Count the generated tokens of trajectories dropped for `reason`."""
+        tokens = sum(len(step["response_ids"]) for msg in msgs for step in msg["steps"]
+                     if step.get("response_ids") is not None)
+        if tokens:
+            self._shared.count(state, TOKENS_DISCARDED + reason, tokens)
+
     def _is_stale(self, state: ModeState, k: int, version_start: int) -> bool:
+        """Train: an expired episode, or one whose oldest token (`version_start`: the oldest
+        step's oldest token, producers/rollout.py) is more than the bound behind."""
         schedule, version = state.schedule, self._shared.version
         return schedule.expired(k, version) or version - version_start > schedule.bound
 
@@ -204,14 +218,14 @@ class Assembly:
         finally:
             for item in kept:
                 heapq.heappush(state.ready, item)
-            self.drop_groups(state, filtered, counter=None)
+            self.drop_groups(state, filtered, counter=None, tokens="filtered")
         return len(filtered)
 
     # -- groups leaving ----------------------------------------------------------------------
     def forget_rounds(self, state: ModeState) -> None:
         """A new val round started (`state.round`): groups of older rounds are dropped."""
         old = [slot for key, slot in state.groups.items() if key[0] != state.round]
-        self.drop_groups(state, old, counter=None)
+        self.drop_groups(state, old, counter=None, tokens="val_discarded")
         state.finished.clear()  # older rounds' entries are discarded by their round number
 
     def evict_expired(self, state: ModeState) -> None:
@@ -225,16 +239,20 @@ class Assembly:
         stale = [slot for (_, k, _), slot in state.groups.items()
                  if state.schedule.expired(k, version)
                  or slot.oldest_start < oldest]
-        self.drop_groups(state, stale, counter="scheduler/stale_dropped")
+        self.drop_groups(state, stale, counter="scheduler/stale_dropped", tokens="stale")
         first_live = state.schedule.first_live(version)
         for done in state.finished.values():  # forget what can no longer arrive unexpired
             done.difference_update({rk for rk in done if rk[1] < first_live})
 
-    def drop_groups(self, state: ModeState, slots: list[GroupSlot], counter: str | None) -> None:
-        """Drop these groups (ack and delete their entries), counted under `counter`."""
+    def drop_groups(self, state: ModeState, slots: list[GroupSlot], counter: str | None,
+                    tokens: str | None = None) -> None:
+        """Drop these groups (ack and delete their entries), counted under `counter`, their
+        generated tokens under `tokens_discarded/{tokens}`."""
         entries: list[Entry] = []
         for slot in slots:
             entries += slot.entries()
+            if tokens:
+                self._discarded(state, tokens, slot.messages())
             state.finish(slot)
         if counter and entries:
             self._shared.count(state, counter, len(entries))

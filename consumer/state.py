@@ -30,6 +30,12 @@ SYNC_PAUSE_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 6
 GroupKey = tuple[int, int, int]  # (val round, episode k, group id)
 
 
+# the counters of generated tokens the batcher dropped: `tokens_discarded/{reason}`, reason
+# stale (an expired or too-stale trajectory: a sync hand-out's unfinished episodes land here),
+# late, val_discarded, failed_group, filtered
+TOKENS_DISCARDED = "tokens_discarded/"
+
+
 @dataclass
 class GroupSlot:
     """The members of one (round, episode, group) seen so far."""
@@ -45,6 +51,10 @@ class GroupSlot:
 
     def entries(self) -> list[Entry]:
         return [entry for entry, _ in self.members.values()] + self.failed
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The trajectories of its members that finished (failed ones carry no steps)."""
+        return [msg for _, msg in self.members.values()]
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from producers import metrics
 from producers.control import ControlState
 from producers.policies.protocol import Policy, StepContext, Turn
 from schemas.codec import SCHEMA_VERSION, traj_ids
@@ -137,8 +138,30 @@ def _clean_info(info: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def play_episode(
+async def play_episode(slot: EnvSlot, **kwargs: Any) -> dict[str, Any]:
+    """Play episode `slot.k` (see `_play`); the tokens of an episode that does not come back
+    (abandoned, failed, stopped) are counted as discarded (`metrics.tokens_discarded`)."""
+    steps: list[dict[str, Any]] = []
+    try:
+        return await _play(slot, steps, **kwargs)
+    except BaseException as exc:
+        tokens = generated_tokens(steps)
+        if tokens:
+            reason = ("abandoned" if isinstance(exc, Abandoned) else "stopped"
+                      if isinstance(exc, asyncio.CancelledError) else "failed")
+            metrics.tokens_discarded(slot.mode, reason, tokens)
+        raise
+
+
+def generated_tokens(steps: list[dict[str, Any]]) -> int:
+    """The response tokens of these steps (those that carry ids)."""
+    return sum(len(step["response_ids"]) for step in steps
+               if step.get("response_ids") is not None)
+
+
+async def _play(
     slot: EnvSlot,
+    steps: list[dict[str, Any]],
     *,
     seed: int,
     producer_id: str,
@@ -171,7 +194,6 @@ async def play_episode(
     act_now = getattr(policy, "act_now", None)  # a policy that needs no await per action
     clock = time.perf_counter
     env_step, threaded = env.step, slot.threaded  # looked up once, used every step
-    steps: list[dict[str, Any]] = []
     append = steps.append
     started = clock()
     policy_s = score = 0.0
@@ -231,9 +253,10 @@ async def play_episode(
     wall_s = clock() - started
     traj = {
         **_identity(slot, k, env_seed, producer_id),
-        # the versions of the first and last steps (the weights that chose them)
-        "version_start": steps[0]["version"] if steps else control.version,
-        "version_end": steps[-1]["version"] if steps else control.version,
+        # the oldest and newest weights that chose a step: a step's `version` is its oldest
+        # token's (the staleness bound counts it), its newest in `version_spans`/`version_end`
+        "version_start": min(map(_oldest, steps)) if steps else control.version,
+        "version_end": max(map(_newest, steps)) if steps else control.version,
         "episode_score": score,
         "success": bool(info.get("success", False)),
         "terminated": bool(terminated),
@@ -264,6 +287,23 @@ async def _model_step(response: Any, action: Any, env: Any, env_step: Callable[[
     if threaded:
         return await in_daemon_thread(step_fn, arg)
     return step_fn(arg)
+
+
+def _oldest(step: dict[str, Any]) -> int:
+    """The version of a step's oldest token: its `version`, or an older span's."""
+    spans = step.get("version_spans")
+    if spans:
+        return min(int(step["version"]), *(int(row[0]) for row in spans))
+    return int(step["version"])
+
+
+def _newest(step: dict[str, Any]) -> int:
+    """The version of a step's newest token: its last span's, or `version_end` (a turn
+    updated mid-turn on a server that reports no spans), else its `version`."""
+    spans = step.get("version_spans")
+    if spans:
+        return max(int(row[0]) for row in spans)
+    return int(step.get("version_end", step["version"]))
 
 
 def _add_reply(step: dict[str, Any], response: Any) -> None:
@@ -297,6 +337,8 @@ async def _act(policy: Policy, observation: Any, ctx: StepContext, inflight: InF
         finally:
             inflight.leave(task)
     except TurnAborted as exc:
+        if exc.tokens:  # what the server had sampled: sent again from the start
+            metrics.tokens_discarded(ctx.mode, "aborted", exc.tokens)
         logger.debug("turn %d of episode %d (group %d, member %d) aborted (%s); sending it "
                      "again", ctx.turn, ctx.episode_id, ctx.group_id, ctx.member, exc)
         await asyncio.sleep(ABORT_RETRY_S)

@@ -39,6 +39,7 @@ DEPLOY = "tests/test_deployments.py"
 FILTERS = "tests/test_group_filters.py"
 TOOLS = "tests/test_tools.py"
 PARTIAL = "tests/test_partial_rollout.py"
+PROVENANCE = "tests/test_token_provenance.py"
 TITO = "tests/test_tito.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
@@ -994,7 +995,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "group-filter-acks-and-deletes", "consumer/assembly.py",
-        "            self.drop_groups(state, filtered, counter=None)\n",
+        "            self.drop_groups(state, filtered, counter=None, tokens=\"filtered\")\n",
         "            for slot in filtered:\n                state.finish(slot)\n",
         "a filtered group's entries are acked and deleted at once, not left pending",
         (f"{FILTERS}::test_groups_whose_rewards_all_agree_are_filtered_counted_and_deleted",),
@@ -1100,6 +1101,37 @@ MUTANTS: tuple[Mutant, ...] = (
         "a batch file is written under a hidden temporary name and linked into place: a crash "
         "mid-write leaves no partial batch file",
         ("tests/test_store.py::test_a_crash_mid_write_leaves_no_partial_batch_file",),
+    ),
+    Mutant(
+        "token-version-spans", "consumer/batch.py",
+        "            out[int(start):int(end)] = int(version)",
+        "            pass  # (mutant) every token labelled with the turn's oldest version",
+        "per-token versions: each token of a turn kept through an update carries the version "
+        "of the span that sampled it",
+        (f"{PROVENANCE}::test_trajectory_tokens_line_up_turns_versions_rewards_and_logprobs",
+         f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again"),
+    ),
+    Mutant(
+        "oldest-token-staleness", "producers/rollout.py",
+        '"version_start": min(map(_oldest, steps)) if steps else control.version,',
+        '"version_start": max(map(_newest, steps)) if steps else control.version,',
+        "the staleness bound counts a trajectory's oldest token, not its newest",
+        (f"{PROVENANCE}::test_the_staleness_bound_counts_a_trajectorys_oldest_token",),
+    ),
+    Mutant(
+        "mid-turn-version-newest", "producers/llm/pool.py",
+        "version = end if version is None or end is None else min(version, end)",
+        "version = end",
+        "a full-weights turn updated mid-turn (no spans) is never labelled with the newer "
+        "weights alone",
+        (f"{PROVENANCE}::test_a_full_weights_turn_updated_mid_turn_records_both_ends",),
+    ),
+    Mutant(
+        "discarded-tokens-expired", "consumer/assembly.py",
+        'self.drop_groups(state, stale, counter="scheduler/stale_dropped", tokens="stale")',
+        'self.drop_groups(state, stale, counter="scheduler/stale_dropped")',
+        "the generated tokens of a group expired at a publish are counted as discarded",
+        (f"{PROVENANCE}::test_a_held_group_expired_by_a_publish_counts_its_tokens",),
     ),
     Mutant(
         "tito-extends-sampled", "producers/llm/tito.py",

@@ -25,7 +25,9 @@ from helpers import stream_messages, wait_for
 from llm_helpers import answered, fake_llm_factory, lake_config, run_steps, steps_of
 
 from consumer import Batcher, ModelServers
+from consumer.batch import Batch
 from consumer.partial import keeping_pause_mode
+from producers import metrics
 from producers.partial import InFlightRule
 from schemas.config import RolloutConfig
 from schemas.errors import ConfigError
@@ -37,6 +39,12 @@ fake_llm = pytest.fixture(fake_llm_factory)
 
 def carried_tokens(trajs: list[dict[str, Any]]) -> int:
     return sum(len(step["response_ids"]) for traj in trajs for step in traj["steps"])
+
+
+def aborted_tokens_counted() -> int:
+    """The tokens this process's producers counted as discarded by an aborted turn."""
+    return sum(n for (_, reason), n in list(metrics.LLM.discarded.items())
+               if reason == "aborted")
 
 
 def cursors_at(r: redis.Redis, keys: Keys, k: int) -> bool:
@@ -151,7 +159,8 @@ def test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again(
     assert servers.pause_mode == {("vllm", "keep"): "keep", ("vllm", "abort"): "abort",
                                   ("sglang", "keep"): "retract",
                                   ("sglang", "abort"): None}[flavor, in_flight]
-    producer_thread()
+    counted = aborted_tokens_counted()
+    producer = producer_thread()
     batches = run_steps(batcher, servers, 1)  # the server holds version 1, the run too
 
     server.hold('"role":"assistant"')  # turns after an episode's first
@@ -183,6 +192,20 @@ def test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again(
                 rows = step.get("version_spans")
                 if rows:  # the turn's version: its oldest token's
                     assert step["version"] == rows[0][0] == min(row[0] for row in rows)
+        # per-token provenance: each generated token carries the version its span says,
+        # and a trajectory's version_start is its oldest token's
+        tokens = Batch("train", 2, trajs, [], {}).trajectory_tokens()
+        assert len(tokens) == len(trajs) and aborted_tokens_counted() == counted
+        for row, i in enumerate(tokens.traj_index):
+            traj = trajs[i]
+            oldest = traj["steps"][0]["version"]
+            for t, step in enumerate(traj["steps"]):
+                got = tokens.token_versions[row][tokens.turn_ids[row] == t].tolist()
+                rows = step.get("version_spans") or [[step["version"], 0,
+                                                      len(step["response_ids"])]]
+                assert got == [v for v, start, end in rows for _ in range(start, end)]
+                oldest = min(oldest, *got)
+            assert traj["version_start"] == oldest
     else:
         assert server.stats["aborted"] > aborted
         lost = [a for a in answers if a["finish_reason"] == "abort"]
@@ -190,6 +213,11 @@ def test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again(
         assert generated - carried == server.stats["tokens_cut"] > 0  # (SGLang answers
         # an aborted request without its tokens; vLLM with them)
         assert server.stats["tokens_cut"] >= sum(a["tokens"] for a in lost)
+        # the producer counts the tokens the aborting answers carried as discarded
+        assert aborted_tokens_counted() - counted == sum(a["tokens"] for a in lost)
+        assert (flavor == "sglang") == (sum(a["tokens"] for a in lost) == 0)
+        record = producer.producer.stats.record()  # what `rollstream status` shows
+        assert record.tokens_discarded.get("aborted", 0) == aborted_tokens_counted()
     answered(server)  # and no turn was completed twice
 
 

@@ -90,7 +90,9 @@ class Answer:
     latency_s: float  # of the attempt that answered
     attempts: int
     version: int | None = None  # the version recorded for what answered: the adapter's the
-    # request named (or the base model's), else the server's when it answered (None: none)
+    # request named (or the base model's), else the server's when it was sent (None: none)
+    version_end: int | None = None  # full weights: the server's when it answered (differs
+    # from `version` when an update landed mid-turn: the turn records both ends)
 
 
 class ServerPool:
@@ -294,7 +296,8 @@ class ServerPool:
                     attempts += 1
                     before = answered.setdefault(server.base_url, server.served)
                     try:
-                        data, latency_s, version = await self._post(server, body)
+                        data, latency_s, version, version_end = await self._post(server,
+                                                                                 body)
                     except Transient as exc:
                         if exc.status in (500, 502) and (server.served > before
                                                          or await self._healthy(server, exc)):
@@ -309,7 +312,7 @@ class ServerPool:
                         continue
                     self._servers.mark_up(server)
                     server.served += 1
-                    return Answer(data, server, latency_s, attempts, version)
+                    return Answer(data, server, latency_s, attempts, version, version_end)
             except BaseException:
                 if probe:
                     server.probing = False  # cancelled or refused while trying it
@@ -339,10 +342,10 @@ class ServerPool:
                              f"{server.base_url}, {exc}): a request they cannot serve")
 
     async def _post(self, server: Server, body: dict[str, Any]
-                    ) -> tuple[dict[str, Any], float, int | None]:
-        """One attempt: (answer, latency, recorded version); `Transient`, `ContextFull` or
-        `EpisodeFailed` on failure. A field the server refuses is dropped for it and the
-        request sent again at once."""
+                    ) -> tuple[dict[str, Any], float, int | None, int | None]:
+        """One attempt: (answer, latency, recorded version at send and at answer);
+        `Transient`, `ContextFull` or `EpisodeFailed` on failure. A field the server
+        refuses is dropped for it and the request sent again at once."""
         assert self._session is not None
         model, version = server.model, server.version  # an adapter fixes its version now
         reports = server.reports
@@ -420,9 +423,12 @@ class ServerPool:
             self._servers.mark_up(server)
             adapt.check_cut(server, sent, data)
         metrics.llm_request(server.base_url, latency_s)
-        if model is None and server.model is None:  # full weights: what it holds now
-            version = server.version
-        return data, latency_s, version  # else the version of the model the request named
+        end = version  # else the version of the model the request named
+        if model is None and server.model is None:  # full weights: what it held at send
+            # and holds now; never labelled with the newer alone (its first tokens are older)
+            end = server.version
+            version = end if version is None or end is None else min(version, end)
+        return data, latency_s, version, end
 
     async def _after_failure(self, server: Server, probe: bool, tries: int,
                              exc: Transient, min_version: int | None) -> tuple[Server, int]:

@@ -194,7 +194,9 @@ class OpenAIPolicy:
                 self._merged(answer.server.base_url, answer.data)
             if turn.finish_reason == "abort":  # SGLang, while it loads new weights
                 self._aborted(answer.server.base_url)
-                raise TurnAborted(f"model server {answer.server.base_url} aborted it")
+                raise TurnAborted(f"model server {answer.server.base_url} aborted it",
+                                  0 if turn.response_ids is None
+                                  else len(turn.response_ids))
             turn.server, turn.latency_s = answer.server.base_url, answer.latency_s
             answered[:] = [answer]
             return turn, answer.data
@@ -218,6 +220,10 @@ class OpenAIPolicy:
         if turn.version is None:  # the server did not say: what was recorded, else ours
             if answer.version is not None:
                 turn.version, turn.version_source = answer.version, "recorded"
+                if answer.version_end is not None and answer.version_end != answer.version:
+                    # updated mid-turn and no per-token spans: which tokens came from which
+                    # weights is unknown; every token keeps the oldest, the end is recorded
+                    turn.extra["version_end"] = answer.version_end
             else:
                 turn.version, turn.version_source = ctx.version, "producer"
         messages.append({"role": "assistant", "content": turn.text})
