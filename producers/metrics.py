@@ -9,6 +9,8 @@ serves one `/metrics` page, as Prometheus's own default registry is process-wide
     metrics.llm_error(server_url, reason)        # each failed attempt: timeout, connection,
                                                  #   http_5xx, http_429, http_4xx, bad_reply,
                                                  #   lost_weights (a restarted server)
+    metrics.llm_session(outcome)                 # a sticky session's request: preferred,
+                                                 #   down, overloaded (producers.llm.routing)
 Each costs a dict lookup and a bisect; they are recorded whether or not metrics are served.
 """
 
@@ -47,6 +49,7 @@ class LlmCounters:
         self.latency: dict[str, Histogram] = {}
         self.errors: dict[tuple[str, str], int] = defaultdict(int)
         self._names: dict[str, str] = {}  # server URL -> its label (a password masked)
+        self.sessions: dict[str, int] = defaultdict(int)  # sticky routing: outcome -> requests
 
     def request(self, server: str, latency_s: float) -> None:
         hist = self.latency.get(server)
@@ -56,6 +59,9 @@ class LlmCounters:
 
     def error(self, server: str, reason: str) -> None:
         self.errors[(server, reason)] += 1
+
+    def session(self, outcome: str) -> None:
+        self.sessions[outcome] += 1
 
     def label(self, server: str) -> str:
         name = self._names.get(server)
@@ -73,6 +79,11 @@ class LlmCounters:
                           "Failed model request attempts by server and reason",
                           ["server", "reason"], [((self.label(s), reason), n) for (s, reason), n
                                                  in list(self.errors.items())])
+        if self.sessions:
+            yield counter("rollstream_llm_session_requests",
+                          "Requests of sticky sessions by where they went: preferred (the "
+                          "session's own server), down or overloaded (moved to its next one)",
+                          ["outcome"], [((o,), n) for o, n in list(self.sessions.items())])
 
 
 LLM = LlmCounters()
@@ -87,6 +98,12 @@ def llm_error(server: str, reason: str) -> None:
     """Record one failed attempt (`timeout`, `connection`, `http_5xx`, `http_429`, `http_4xx`,
     `bad_reply`, or another short word)."""
     LLM.error(server, reason)
+
+
+def llm_session(outcome: str) -> None:
+    """Record where a sticky session's request went (`producers.llm.routing`: preferred,
+    down, overloaded)."""
+    LLM.session(outcome)
 
 
 # -- the producer's own counters ---------------------------------------------------------------
@@ -193,7 +210,8 @@ class ProducerStats:
             recent_committed=sum(c.recent_committed for c in tags_values(tags)),
             abandoned=sum(self.abandoned.values()), env_errors=sum(self.env_errors.values()),
             refused=_by_last(self.refused), tags=dict(tags),
-            servers_down=dict(held.servers_down), loop_stalls=self.loop_stalls,
+            servers_down=dict(held.servers_down), sessions=dict(LLM.sessions),
+            loop_stalls=self.loop_stalls,
             recent_stalls=self._recent_stalls[0], recent_stall_longest_s=self._recent_stalls[1],
             recent_stall_where=self._recent_stalls[2],
         )

@@ -81,6 +81,17 @@ class OpenAIPolicyConfig(BaseModel):
     require_version: bool = Field(
         default=False, description="send a turn only to a server whose weight version is "
         "within the run's staleness bound; wait otherwise")
+    routing: Literal["sticky", "least_loaded"] = Field(
+        default="sticky", description="sticky: the turns of an episode and the members of its "
+        "group go to one server (rendezvous hashing on mode:group:episode, for its prefix "
+        "cache); least_loaded: each turn to the server with the fewest requests in flight")
+    session_load_factor: float = Field(
+        default=1.25, ge=1.0, description="sticky: a server takes a session's turn only while "
+        "its requests in flight stay within this times the mean; else the session's next "
+        "server")
+    session_header: str | None = Field(
+        default="X-Session-ID", pattern=r"^[A-Za-z0-9-]+$", description="the header naming "
+        "each request's session (mode:group:episode) for a router; null: none")
 
     @model_validator(mode="before")
     @classmethod

@@ -40,6 +40,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from producers import metrics
+from producers.llm.routing import session_key
 from producers.llm.sampling import for_turn
 from producers.policies.protocol import PolicyContext, StepContext, Turn
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
@@ -102,7 +103,10 @@ class OpenAIPolicy:
         self.pool = self._pool_class(config.base_urls, api_key=api_key,
                                      timeout_s=config.timeout_s, max_retries=config.max_retries,
                                      max_inflight=config.max_inflight, model=config.model,
-                                     resolve_wait_s=config.resolve_timeout_s)
+                                     resolve_wait_s=config.resolve_timeout_s,
+                                     sticky=config.routing == "sticky",
+                                     load_factor=config.session_load_factor,
+                                     session_header=config.session_header)
         await self.pool.start()
         try:
             # what the trainer loaded: SGLang serves a loaded checkpoint under its path
@@ -156,12 +160,13 @@ class OpenAIPolicy:
             body = chat.request_body(config.model, messages, sampling=sampled.fields(),
                                      seed=chat.turn_seed(ctx), extra_body=config.extra_body)
             min_version = self._min_version(ctx) if config.require_version else None
-            answer = await self.pool.chat(body, min_version=min_version)
+            session = session_key(ctx.mode, ctx.group_id, ctx.episode_id)  # the group's episode
+            answer = await self.pool.chat(body, min_version=min_version, session=session)
             refit = sampled.refit(answer.data)  # ROLL's sequence_length (llm/sampling.py)
             if refit is not None:
                 body = chat.request_body(config.model, messages, sampling=sampled.fields(refit),
                                          seed=chat.turn_seed(ctx), extra_body=config.extra_body)
-                answer = await self.pool.chat(body, min_version=min_version)
+                answer = await self.pool.chat(body, min_version=min_version, session=session)
             turn = chat.turn_from_answer(answer.data)
             if turn.logprobs is None:
                 self._merged(answer.server.base_url, answer.data)

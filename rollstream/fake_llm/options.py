@@ -31,6 +31,8 @@ class FakeLLMOptions:
     during_load: str = "wait"  # new requests while loading: "wait" or "abort"
     max_model_len: int = 32768  # context window (llama.cpp: n_ctx), kept as the flavor's
     # server keeps it: refused, or the turn cut to fit
+    prefix_cache_tokens: int = 0  # prompt tokens its prefix cache holds (0: none)
+    prefill_s_per_token: float = 0.0  # seconds per prompt token not found in that cache
 
 
 OPTION_HELP = {  # `rollstream fake-llm --help`, one line per FakeLLMOptions field
@@ -54,4 +56,7 @@ OPTION_HELP = {  # `rollstream fake-llm --help`, one line per FakeLLMOptions fie
     "load_time_s": "seconds a weight update takes",
     "during_load": "requests that come while weights load: wait or abort",
     "max_model_len": "context window (llama.cpp's n_ctx), kept as the flavor's server does",
+    "prefix_cache_tokens": "prompt tokens its prefix cache (an LRU of 16-token blocks, as "
+                           "vLLM's) holds; 0: no cache",
+    "prefill_s_per_token": "seconds each prompt token not found in that cache adds",
 }
