@@ -37,6 +37,7 @@ GEN = "tests/test_generation_control.py"
 CONN = "tests/test_redisconn.py"
 DEPLOY = "tests/test_deployments.py"
 FILTERS = "tests/test_group_filters.py"
+STICKY = "tests/test_sticky_sessions.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -1026,6 +1027,42 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return bool(verdict)\n",
         "a filter answering something but True, False or None stops the run in one line",
         (f"{FILTERS}::test_a_filter_that_raises_or_answers_garbage_stops_get_batch_in_one_line",),
+    ),
+    Mutant(
+        "sticky-rank", "producers/llm/routing.py",
+        "return sorted(servers, key=lambda s: score(key, s.base_url), reverse=True)",
+        "return list(servers)",
+        "sticky sessions: each session ranks the servers by its own rendezvous weights",
+        (f"{STICKY}::test_an_episodes_turns_and_its_groups_members_go_to_one_server",
+         f"{STICKY}::test_a_server_taken_down_moves_only_its_sessions_and_they_come_back"),
+    ),
+    Mutant(
+        "sticky-load-bound", "producers/llm/routing.py",
+        "chosen = next((s for s in order if s.inflight + 1 <= limit), order[0])",
+        "chosen = order[0]",
+        "sticky sessions: a server over the load bound does not take the session's request",
+        (f"{STICKY}::test_the_load_bound_spills_a_session_to_its_next_server",),
+    ),
+    Mutant(
+        "sticky-pick", "producers/llm/servers.py",
+        "if up and session is not None and self.sticky:",
+        "if False:",
+        "sticky sessions: the pool sends a session's request to the session's server",
+        (f"{STICKY}::test_an_episodes_turns_and_its_groups_members_go_to_one_server",),
+    ),
+    Mutant(
+        "sticky-header", "producers/llm/pool.py",
+        "if session is not None and self.session_header:",
+        "if False:",
+        "sticky sessions: every request of a session names it in the session header",
+        (f"{STICKY}::test_every_request_names_its_session_in_the_configured_header",),
+    ),
+    Mutant(
+        "sticky-group-key", "producers/policies/openai.py",
+        "session = session_key(ctx.mode, ctx.group_id, ctx.episode_id)",
+        "session = session_key(ctx.mode, ctx.group_id * 1000 + ctx.member, ctx.episode_id)",
+        "sticky sessions: a group's members share their episode's session (one server)",
+        (f"{STICKY}::test_the_policy_sends_a_groups_members_and_turns_to_one_server",),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",

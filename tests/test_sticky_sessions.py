@@ -253,3 +253,41 @@ def test_the_prefix_cache_is_an_lru_of_prefix_blocks_and_prices_the_rest() -> No
     cache.store([f"c{i}" for i in range(48)])  # 3 more blocks: capacity 4, oldest out
     assert cache.lookup(one) == 0
     assert json.dumps(cache.cached_tokens) == "32"
+
+
+def test_the_policy_sends_a_groups_members_and_turns_to_one_server(fake_llm) -> None:
+    """The openai policy's session: `mode:group:episode`, the member left out, so a group's
+    members (same first prompt) and every turn of theirs share a server."""
+    from llm_helpers import lake_config
+
+    from producers.envs import build_env
+    from producers.policies import StepContext, make_policy
+
+    servers = [fake_llm() for _ in range(4)]
+    urls = [s.base_url for s in servers]
+    config = lake_config(urls)
+    groups = range(8)
+
+    async def main() -> dict[int, set[str]]:
+        policy = make_policy(config.policy)
+        await policy.start()
+        used: dict[int, set[str]] = {g: set() for g in groups}
+        try:
+            for g in groups:
+                for member in range(4):
+                    env = build_env(config, "Lake")
+                    obs, _ = env.reset(seed=g)
+                    ctx = StepContext(env=env, seed=g, version=0, mode="train", group_id=g,
+                                      episode_id=0, member=member, tag="Lake")
+                    for turn in range(2):
+                        ctx.turn = turn
+                        _, answer = await policy.act(obs, ctx)
+                        used[g].add(answer.server)
+        finally:
+            await policy.close()
+        return used
+
+    used = asyncio.run(main())
+    assert all(len(where) == 1 for where in used.values()), used
+    assert {g: where.pop() for g, where in used.items()} == {
+        g: preferred(routing.session_key("train", g, 0), urls) for g in groups}
