@@ -86,7 +86,7 @@ class OpenAIPolicyConfig(BaseModel):
         "group go to one server (rendezvous hashing on mode:group:episode, for its prefix "
         "cache); least_loaded: each turn to the server with the fewest requests in flight")
     session_load_factor: float = Field(
-        default=1.25, ge=1.0, description="sticky: a server takes a session's turn only while "
+        default=2.0, ge=1.0, description="sticky: a server takes a session's turn only while "
         "its requests in flight stay within this times the mean; else the session's next "
         "server")
     session_header: str | None = Field(

@@ -137,7 +137,7 @@ def test_the_load_bound_spills_a_session_to_its_next_server(fake_llm) -> None:
         return run_pool(urls, scenario, load_factor=load_factor)
 
     before = LLM.sessions["overloaded"]
-    spread = held_on(routing.LOAD_FACTOR)
+    spread = held_on(1.25)
     # bounds ceil(1.25 * n / 4) for n = 1..4 in flight: 1, 1, 1, 2: the 2nd and 3rd spill to
     # the session's 2nd and 3rd servers, the 4th fits on its own again
     assert [spread[url] for url in order] == [2, 1, 1, 0]

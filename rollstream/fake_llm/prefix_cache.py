@@ -5,9 +5,11 @@ Modelled on vLLM's automatic prefix caching (docs "Automatic Prefix Caching": KV
 `block_size` tokens, each named by a hash of its tokens and of every block before it, kept
 in an LRU and matched block by block from the start of the prompt). A prompt's leading
 blocks found here are cached; the rest must be computed: the answer takes
-`prefill_s_per_token` seconds more per uncached prompt token. The prompt and the reply's
-tokens are cached after an answer (vLLM keeps the blocks of generated tokens too), so the
-next turn of the conversation, which extends both, finds them. The count of cached prompt
+`prefill_s_per_token` seconds more per uncached prompt token. A prompt's blocks are cached
+when it arrives (its prefill is under way: a request after it with the same prefix, a group
+member's, shares it, as SGLang's radix cache shares a prefix in flight), and the reply's
+after the answer (vLLM keeps the blocks of generated tokens too), so the next turn of the
+conversation, which extends both, finds them. The count of cached prompt
 tokens is reported as vLLM reports it: `usage.prompt_tokens_details.cached_tokens`.
 
 Off (`prefix_cache_tokens` 0): nothing is cached, no time is added for the prompt unless
@@ -66,6 +68,7 @@ class PrefixCache:
             found += 1
         cached = found * self.block_tokens
         self.cached_tokens += cached
+        self.store(prompt)  # its prefill is under way: requests after it share it
         return cached
 
     def prefill_s(self, prompt: list[str], cached: int) -> float:
