@@ -120,7 +120,8 @@ def main() -> None:
     for routing, r in results.items():
         print(f"{routing:13} {r['turns']:6d} turns in {r['seconds']:6.2f}s: "
               f"{r['turns_per_s']:7.1f} turns/s, prefix-cache hit rate {100 * r['hit_rate']:5.1f}%"
-              f", on their own server {100 * r['affinity']:5.1f}%, "
+              + (f", on their own server {100 * r['affinity']:5.1f}%" if routing == "sticky"
+                 else "") + ", "
               f"{r['prompt_per_turn']:.0f} prompt tokens per turn")
     s, ll = results["sticky"], results["least_loaded"]
     print(f"sticky / least_loaded: turns/s x{s['turns_per_s'] / ll['turns_per_s']:.2f}, "

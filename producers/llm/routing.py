@@ -18,9 +18,9 @@ one, stay within `ceil(load_factor * (in flight on the candidates + 1) / candida
 otherwise the request goes to the session's next server in rank order that is within the
 bound (one always is: they cannot all be above the mean). The default `load_factor` is 2 (the
 paper's example is 1.25): a group's members arrive together and a few dozen sessions hash
-unevenly over 4 servers, so 1.25 moved 12.5% of sticky requests off their server in
-`bench/bench_sticky.py` (16 groups of 4) and 2 moved 3%; either way no server carries more
-than that factor over the mean while others idle.
+unevenly over 4 servers, so 1.25 moved 3.5% of sticky requests off their server in
+`bench/bench_sticky.py` (16 groups of 4) and 2 moved 0.2% (docs/decisions/llm.md); either
+way no server carries more than that factor times the mean while others idle.
 
 `route` returns the server and the outcome counted in `/metrics` and `rollstream status`:
 `preferred` (the session's first-ranked server among all of the pool's), `down` (that one
