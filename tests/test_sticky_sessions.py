@@ -291,3 +291,25 @@ def test_the_policy_sends_a_groups_members_and_turns_to_one_server(fake_llm) -> 
     assert all(len(where) == 1 for where in used.values()), used
     assert {g: where.pop() for g, where in used.items()} == {
         g: preferred(routing.session_key("train", g, 0), urls) for g in groups}
+
+
+def test_bad_sticky_settings_are_refused_in_one_line() -> None:
+    import subprocess
+    import sys
+
+    from pydantic import ValidationError
+
+    from schemas.policy import OpenAIPolicyConfig
+
+    done = subprocess.run([sys.executable, "-m", "rollstream", "fake-llm",
+                           "--prefix-cache-tokens", "-5"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "rollstream: error: --prefix-cache-tokens must be non-negative, got -5"]
+    block = {"type": "openai", "base_urls": ["http://h:1/v1"], "model": MODEL}
+    for bad in ({"session_load_factor": 0.5}, {"routing": "random"},
+                {"session_header": "X Session"}):
+        with pytest.raises(ValidationError):
+            OpenAIPolicyConfig.model_validate({**block, **bad})
+    assert OpenAIPolicyConfig.model_validate(block).session_header == "X-Session-ID"
