@@ -9,6 +9,8 @@ serves one `/metrics` page, as Prometheus's own default registry is process-wide
     metrics.llm_error(server_url, reason)        # each failed attempt: timeout, connection,
                                                  #   http_5xx, http_429, http_4xx, bad_reply,
                                                  #   lost_weights (a restarted server)
+    metrics.llm_session(outcome)                 # a sticky session's request: preferred,
+                                                 #   down, overloaded (producers.llm.routing)
 Each costs a dict lookup and a bisect; they are recorded whether or not metrics are served.
 """
 
@@ -51,6 +53,7 @@ class LlmCounters:
         # at an update or pause, sent again), abandoned (an episode expired or left
         # mid-way), failed (its env or model request failed), stopped (the producer stopped)
         self.discarded: dict[tuple[str, str], int] = defaultdict(int)
+        self.sessions: dict[str, int] = defaultdict(int)  # sticky routing: outcome -> requests
 
     def request(self, server: str, latency_s: float) -> None:
         hist = self.latency.get(server)
@@ -63,6 +66,8 @@ class LlmCounters:
 
     def tokens_discarded(self, mode: str, reason: str, tokens: int) -> None:
         self.discarded[(mode, reason)] += tokens
+    def session(self, outcome: str) -> None:
+        self.sessions[outcome] += 1
 
     def label(self, server: str) -> str:
         name = self._names.get(server)
@@ -85,6 +90,11 @@ class LlmCounters:
                           "Generated tokens a producer threw away, by mode and reason "
                           "(aborted, abandoned, failed, stopped)", ["mode", "reason"],
                           list(self.discarded.items()))
+        if self.sessions:
+            yield counter("rollstream_llm_session_requests",
+                          "Requests of sticky sessions by where they went: preferred (the "
+                          "session's own server), down or overloaded (moved to its next one)",
+                          ["outcome"], [((o,), n) for o, n in list(self.sessions.items())])
 
 
 LLM = LlmCounters()
@@ -105,6 +115,10 @@ def tokens_discarded(mode: str, reason: str, tokens: int) -> None:
     """Record `tokens` generated tokens thrown away (`aborted`, `abandoned`, `failed`,
     `stopped`)."""
     LLM.tokens_discarded(mode, reason, tokens)
+def llm_session(outcome: str) -> None:
+    """Record where a sticky session's request went (`producers.llm.routing`: preferred,
+    down, overloaded)."""
+    LLM.session(outcome)
 
 
 # -- the producer's own counters ---------------------------------------------------------------
@@ -211,7 +225,8 @@ class ProducerStats:
             recent_committed=sum(c.recent_committed for c in tags_values(tags)),
             abandoned=sum(self.abandoned.values()), env_errors=sum(self.env_errors.values()),
             refused=_by_last(self.refused), tags=dict(tags),
-            servers_down=dict(held.servers_down), loop_stalls=self.loop_stalls,
+            servers_down=dict(held.servers_down), sessions=dict(LLM.sessions),
+            loop_stalls=self.loop_stalls,
             recent_stalls=self._recent_stalls[0], recent_stall_longest_s=self._recent_stalls[1],
             recent_stall_where=self._recent_stalls[2],
             tokens_discarded=_by_last(dict(LLM.discarded)),

@@ -122,6 +122,17 @@ class OpenAIPolicyConfig(_PartialRolloutField):
         "folder (tokenizer.json, tokenizer_config.json with the chat template) or name; the "
         "producers apply the chat template, send token-id prompts to /v1/completions and "
         "extend each turn with the sampled ids (producers.llm.tito; the tito extra)")
+    routing: Literal["sticky", "least_loaded"] = Field(
+        default="sticky", description="sticky: the turns of an episode and the members of its "
+        "group go to one server (rendezvous hashing on mode:group:episode, for its prefix "
+        "cache); least_loaded: each turn to the server with the fewest requests in flight")
+    session_load_factor: float = Field(
+        default=2.0, ge=1.0, description="sticky: a server takes a session's turn only while "
+        "its requests in flight stay within this times the mean; else the session's next "
+        "server")
+    session_header: str | None = Field(
+        default="X-Session-ID", pattern=r"^[A-Za-z0-9-]+$", description="the header naming "
+        "each request's session (mode:group:episode) for a router; null: none")
 
     @model_validator(mode="before")
     @classmethod

@@ -84,6 +84,8 @@ class ProducerRecord:
     tags: dict[str, dict[str, TagCounts]] = field(default_factory=dict)  # mode -> tag ->
     servers_down: dict[str, str] = field(default_factory=dict)  # model servers set aside now:
     # base URL -> why
+    sessions: dict[str, int] = field(default_factory=dict)  # sticky sessions' requests since
+    # it started, by outcome: preferred (own server), down, overloaded (moved)
     loop_stalls: int = 0  # times its event loop was blocked, since it started
     recent_stalls: int = 0  # of those, since the previous record
     recent_stall_longest_s: float = 0.0

@@ -41,6 +41,7 @@ TOOLS = "tests/test_tools.py"
 PARTIAL = "tests/test_partial_rollout.py"
 PROVENANCE = "tests/test_token_provenance.py"
 TITO = "tests/test_tito.py"
+STICKY = "tests/test_sticky_sessions.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -1179,6 +1180,42 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:\n            root = ",
         "llama-server gets token-id prompts at its own /completion (exact ids in `tokens`)",
         (f"{TITO}::test_a_run_token_in_token_out_through_the_stand_in",),
+    ),
+    Mutant(
+        "sticky-rank", "producers/llm/routing.py",
+        "return sorted(servers, key=lambda s: score(key, s.base_url), reverse=True)",
+        "return list(servers)",
+        "sticky sessions: each session ranks the servers by its own rendezvous weights",
+        (f"{STICKY}::test_an_episodes_turns_and_its_groups_members_go_to_one_server",
+         f"{STICKY}::test_a_server_taken_down_moves_only_its_sessions_and_they_come_back"),
+    ),
+    Mutant(
+        "sticky-load-bound", "producers/llm/routing.py",
+        "chosen = next((s for s in order if s.inflight + 1 <= limit), order[0])",
+        "chosen = order[0]",
+        "sticky sessions: a server over the load bound does not take the session's request",
+        (f"{STICKY}::test_the_load_bound_spills_a_session_to_its_next_server",),
+    ),
+    Mutant(
+        "sticky-pick", "producers/llm/servers.py",
+        "if up and session is not None and self.sticky:",
+        "if False:",
+        "sticky sessions: the pool sends a session's request to the session's server",
+        (f"{STICKY}::test_an_episodes_turns_and_its_groups_members_go_to_one_server",),
+    ),
+    Mutant(
+        "sticky-header", "producers/llm/pool.py",
+        "if session is not None and self.session_header:",
+        "if False:",
+        "sticky sessions: every request of a session names it in the session header",
+        (f"{STICKY}::test_every_request_names_its_session_in_the_configured_header",),
+    ),
+    Mutant(
+        "sticky-group-key", "producers/policies/openai.py",
+        "session = session_key(ctx.mode, ctx.group_id, ctx.episode_id)",
+        "session = session_key(ctx.mode, ctx.group_id * 1000 + ctx.member, ctx.episode_id)",
+        "sticky sessions: a group's members share their episode's session (one server)",
+        (f"{STICKY}::test_the_policy_sends_a_groups_members_and_turns_to_one_server",),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",

@@ -465,7 +465,8 @@ def test_a_server_that_missed_every_update_is_set_aside_not_mislabelled(
     `ModelServers` loads a checkpoint into it (here its next update)."""
     flavor = "sglang" if method == "sglang" else "vllm"
     a, b = fake_llm(flavor=flavor, latency_s=0.003), fake_llm(flavor=flavor, latency_s=0.003)
-    batcher = Batcher(r, lake_config([a.base_url, b.base_url]), run=run)
+    # least_loaded: B's use once back is what is looked at, not where sessions hash
+    batcher = Batcher(r, lake_config([a.base_url, b.base_url], routing="least_loaded"), run=run)
     servers = ModelServers.for_batcher(batcher, method, watch_s=None)
     producer_thread()
     batch = batcher.get_batch(timeout_s=30)

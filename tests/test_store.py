@@ -213,7 +213,7 @@ def test_a_crash_mid_write_leaves_no_partial_batch_file(tmp_path):
 
 def test_the_staleness_distribution_counts_each_lag():
     trajs = [{"tag": "t", "success": True, "num_actions": 1, "episode_score": 1.0,
-              "version_start": v} for v in (5, 5, 4, 2, 5, 4)]
+              "version_start": v, "steps": []} for v in (5, 5, 4, 2, 5, 4)]
     metrics = batch_metrics(trajs, 5, {}, 0.0)
     assert {k: v for k, v in metrics.items() if "/lag_" in k} == {
         "scheduler/staleness/lag_0": 3.0, "scheduler/staleness/lag_1": 2.0,

@@ -1,10 +1,11 @@
 """A producer's client for its model servers: one asyncio HTTP session, many servers.
 
-`ServerPool.chat(body)` posts a chat completion to the server with the fewest requests in
-flight, fitted to that server (`producers.llm.adapt`: which server it is and its context
-window are learnt from `GET /models` at `check_model`, `producers.llm.dialects`), and returns
-its JSON answer with the server and latency. What can pass is retried and what cannot is
-raised:
+`ServerPool.chat(body, session=...)` posts a chat completion to the session's own server
+(sticky sessions, `producers.llm.routing`; without a session: the server with the fewest
+requests in flight), fitted to that server (`producers.llm.adapt`: which server it is and
+its context window are learnt from `GET /models` at `check_model`,
+`producers.llm.dialects`), and returns its JSON answer with the server and latency. What
+can pass is retried and what cannot is raised:
 - a connection error, a 5xx, 408 or 429: retried on the same server with capped backoff, up
   to `max_retries` times, then the server is marked down and another one is used; a request
   answered 500 or 502 more often than every server's retry budget, each time by a server that
@@ -59,7 +60,7 @@ import aiohttp
 import orjson
 
 from producers import metrics
-from producers.llm import adapt, tito
+from producers.llm import adapt, routing, tito
 from producers.llm.dialects import LLAMA_SERVER, context_limit, identify
 from producers.llm.replies import (
     TRANSIENT_4XX,
@@ -105,9 +106,13 @@ class ServerPool:
     def __init__(self, base_urls: list[str], *, api_key: str | None = None,
                  timeout_s: float = 600.0, max_retries: int = 3, max_inflight: int = 1024,
                  cooldown_max_s: float = COOLDOWN_MAX_S, model: str | None = None,
-                 resolve_wait_s: float = RESOLVE_WAIT_S):
+                 resolve_wait_s: float = RESOLVE_WAIT_S, sticky: bool = True,
+                 load_factor: float = routing.LOAD_FACTOR,
+                 session_header: str | None = routing.SESSION_HEADER):
         self._servers = ServerSet(base_urls, health_check=self._models,
-                                  cooldown_max_s=cooldown_max_s)
+                                  cooldown_max_s=cooldown_max_s, sticky=sticky,
+                                  load_factor=load_factor)
+        self.session_header = session_header
         self.model = model
         self.resolve_wait_s = resolve_wait_s
         self.timeout_s = timeout_s
@@ -272,18 +277,24 @@ class ServerPool:
             return []  # not an OpenAI model list: serves nothing we can name
 
     # -- requests ----------------------------------------------------------------------------
-    async def chat(self, body: dict[str, Any] | bytes, *,
-                   min_version: int | None = None) -> Answer:
+    async def chat(self, body: dict[str, Any] | bytes, *, min_version: int | None = None,
+                   session: str | None = None) -> Answer:
         """POST `body` (a request dict, or its JSON) to `/chat/completions`, shaped for the
         server it goes to (`producers.llm.adapt`; see the module docstring for the retries),
         to a server holding at least `min_version` when given. A body with a `prompt` (a
-        token-id prompt, `producers.llm.tito`) goes to `/completions` instead."""
+        token-id prompt, `producers.llm.tito`) goes to `/completions` instead. A `session`
+        (`routing.session_key`) goes to its own server (`producers.llm.routing`) and names
+        itself in the `session_header` for routers."""
         assert self._slots is not None
         if isinstance(body, bytes | bytearray):
             body = orjson.loads(body)
         assert isinstance(body, dict)
         async with self._slots:
-            server = await self._servers.pick(avoid=None, min_version=min_version)
+            server = await self._servers.pick(avoid=None, min_version=min_version,
+                                              session=session)
+            headers = self._headers
+            if session is not None and self.session_header:
+                headers = {**headers, self.session_header: session}
             probe = server.down  # a down server is handed out only to the request trying it
             tries = attempts = refused = 0
             # each server's answers to others up to this request's last failure there: an
@@ -296,8 +307,8 @@ class ServerPool:
                     attempts += 1
                     before = answered.setdefault(server.base_url, server.served)
                     try:
-                        data, latency_s, version, version_end = await self._post(server,
-                                                                                 body)
+                        data, latency_s, version, version_end = await self._post(
+                            server, body, headers)
                     except Transient as exc:
                         if exc.status in (500, 502) and (server.served > before
                                                          or await self._healthy(server, exc)):
@@ -307,7 +318,7 @@ class ServerPool:
                                 raise self._poisoned(server, refused, exc) from None
                         answered[server.base_url] = server.served
                         server, tries = await self._after_failure(server, probe, tries, exc,
-                                                                  min_version)
+                                                                  min_version, session)
                         probe = server.down
                         continue
                     self._servers.mark_up(server)
@@ -341,7 +352,7 @@ class ServerPool:
                              f"answering others or their health check (last: model server "
                              f"{server.base_url}, {exc}): a request they cannot serve")
 
-    async def _post(self, server: Server, body: dict[str, Any]
+    async def _post(self, server: Server, body: dict[str, Any], headers: dict[str, str]
                     ) -> tuple[dict[str, Any], float, int | None, int | None]:
         """One attempt: (answer, latency, recorded version at send and at answer);
         `Transient`, `ContextFull` or `EpisodeFailed` on failure. A field the server
@@ -358,8 +369,7 @@ class ServerPool:
         server.inflight += 1
         t0 = time.perf_counter()
         try:
-            async with self._session.post(url, data=payload,
-                                          headers=self._headers) as resp:
+            async with self._session.post(url, data=payload, headers=headers) as resp:
                 raw = await resp.read()
                 status = resp.status
         except asyncio.TimeoutError:
@@ -388,7 +398,7 @@ class ServerPool:
         refused = adapt.refused_fields(status, raw, sent)
         if refused:
             adapt.drop(server, refused, status, error_text(raw))
-            return await self._post(server, body)
+            return await self._post(server, body, headers)
         if status >= 400:
             metrics.llm_error(server.base_url, "http_4xx")
             self._servers.mark_up(server)  # it answered: up, but this request will not pass
@@ -431,23 +441,27 @@ class ServerPool:
         return data, latency_s, version, end
 
     async def _after_failure(self, server: Server, probe: bool, tries: int,
-                             exc: Transient, min_version: int | None) -> tuple[Server, int]:
+                             exc: Transient, min_version: int | None,
+                             session: str | None = None) -> tuple[Server, int]:
         """The server (and its try count) for the next attempt after a transient failure."""
+        def pick() -> Any:
+            return self._servers.pick(avoid=server, min_version=min_version, session=session)
+
         if probe:
             self._servers.probe_failed(server, exc)
-            return await self._servers.pick(avoid=server, min_version=min_version), 0
+            return await pick(), 0
         if server.down:  # another request marked it down meanwhile
-            return await self._servers.pick(avoid=server, min_version=min_version), 0
+            return await pick(), 0
         if exc.lost:  # until it holds them again: the trainer's ModelServers reloads them
             self._servers.mark_down(server, exc)
-            return await self._servers.pick(avoid=server, min_version=min_version), 0
+            return await pick(), 0
         if exc.timeout and any(s is not server and not s.down for s in self.servers):
             self._servers.mark_down(server, exc)  # hung: set aside, one request probes it later
-            return await self._servers.pick(avoid=server, min_version=min_version), 0
+            return await pick(), 0
         tries += 1
         if tries > self.max_retries:
             if not exc.refused:  # a server that answers others is not down for this request
                 self._servers.mark_down(server, exc)
-            return await self._servers.pick(avoid=server, min_version=min_version), 0
+            return await pick(), 0
         await asyncio.sleep(min(BACKOFF_S * 2 ** (tries - 1), BACKOFF_MAX_S))
         return server, tries

@@ -1,7 +1,8 @@
 """The servers of a `ServerPool`: what is known of each (requests in flight, health, the
 weight version it holds) and which one a request goes to.
 
-`pick` hands out the up server with the fewest requests in flight (ties rotate), or a down
+`pick` hands out the up server with the fewest requests in flight (ties rotate), or for a
+request of a session its own server within the load bound (`producers.llm.routing`), or a down
 server whose cooldown is over to the one request that tries it, or waits until one of those
 exists. A server is marked down by the pool after a failure (`mark_down`) and up when it
 answers (`mark_up`); the cooldown before the next try starts at 0.25 s and doubles to 5 s,
@@ -24,6 +25,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from producers import metrics
+from producers.llm import routing
 from producers.llm.dialects import LLAMA_SERVER, OTHER, Dialect
 from producers.llm.replies import Transient
 from schemas.errors import PolicyError
@@ -93,8 +96,11 @@ class ServerSet:
     cancels the health checks in flight."""
 
     def __init__(self, base_urls: list[str], *, health_check: HealthCheck,
-                 cooldown_max_s: float = COOLDOWN_MAX_S):
+                 cooldown_max_s: float = COOLDOWN_MAX_S, sticky: bool = True,
+                 load_factor: float = routing.LOAD_FACTOR):
         self.servers = [Server(url.rstrip("/")) for url in base_urls]
+        self.sticky = sticky  # sessions to their own server (else: the least loaded)
+        self.load_factor = load_factor
         self.cooldown_max_s = cooldown_max_s
         self.version_waiting = 0  # requests waiting for a server to hold their min_version
         self._version_wait_logged: int | None = None
@@ -150,11 +156,14 @@ class ServerSet:
         return changed
 
     # -- picking -----------------------------------------------------------------------------
-    async def pick(self, avoid: Server | None, min_version: int | None = None) -> Server:
+    async def pick(self, avoid: Server | None, min_version: int | None = None,
+                   session: str | None = None) -> Server:
         """A down server whose cooldown is over (as the one request trying it), else the up
         server with the fewest requests in flight (not `avoid` if another is up), else wait
         until one of those exists. With `min_version`, only servers holding at least that
-        version count (a server with no recorded version holds 0, the initial weights)."""
+        version count (a server with no recorded version holds 0, the initial weights).
+        With `session` (and `sticky`), an up server is the session's own within the load
+        bound (`producers.llm.routing`), counted in `/metrics` at a request's first pick."""
         assert self._changed is not None
         while True:
             now = time.monotonic()
@@ -171,9 +180,16 @@ class ServerSet:
             if ready and (avoid not in ready or not up):
                 server = min(ready, key=_retry_at)
                 server.probing = True
+                if session is not None and self.sticky and avoid is None:
+                    metrics.llm_session(routing.outcome(session, server, self.servers))
                 return server
             if len(up) > 1 and avoid in up:
                 up.remove(avoid)
+            if up and session is not None and self.sticky:
+                server, how = routing.route(session, up, self.servers, self.load_factor)
+                if avoid is None:
+                    metrics.llm_session(how)
+                return server  # type: ignore[return-value]
             if up:
                 self._turn += 1
                 start = self._turn % len(up)

@@ -44,6 +44,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from producers import metrics
+from producers.llm.routing import session_key
 from producers.llm.sampling import for_turn
 from producers.policies.protocol import PolicyContext, StepContext, Turn
 from producers.tools.loop import ToolLoop, request_fields, tools_of
@@ -115,7 +116,10 @@ class OpenAIPolicy:
         self.pool = self._pool_class(config.base_urls, api_key=api_key,
                                      timeout_s=config.timeout_s, max_retries=config.max_retries,
                                      max_inflight=config.max_inflight, model=config.model,
-                                     resolve_wait_s=config.resolve_timeout_s)
+                                     resolve_wait_s=config.resolve_timeout_s,
+                                     sticky=config.routing == "sticky",
+                                     load_factor=config.session_load_factor,
+                                     session_header=config.session_header)
         await self.pool.start()
         try:
             # what the trainer loaded: SGLang serves a loaded checkpoint under its path
@@ -170,6 +174,7 @@ class OpenAIPolicy:
                       else config.extra_body)
         tito = self._tito if tools is None else self._chat_for_tools(ctx)
         min_version = self._min_version(ctx) if config.require_version else None
+        session = session_key(ctx.mode, ctx.group_id, ctx.episode_id)  # the group's episode
         asked = len(messages)
         answered: list[Any] = []  # the pool's answer of the last reply
         prompt_ids: list[list[int] | None] = [None]  # the last reply's prompt ids (tito)
@@ -181,11 +186,11 @@ class OpenAIPolicy:
                 ids = tito.prompt_ids(self._template, ctx.scratch, messages)
             prompt_ids[0] = ids
             body = self._body(messages, ids, sampled.fields(), ctx, extra_body)
-            answer = await self.pool.chat(body, min_version=min_version)
+            answer = await self.pool.chat(body, min_version=min_version, session=session)
             refit = sampled.refit(answer.data)  # ROLL's sequence_length (llm/sampling.py)
             if refit is not None:
                 body = self._body(messages, ids, sampled.fields(refit), ctx, extra_body)
-                answer = await self.pool.chat(body, min_version=min_version)
+                answer = await self.pool.chat(body, min_version=min_version, session=session)
             if ids is not None:
                 turn = tito.turn_from_completion(answer.data, ids, self._template)
             else:

@@ -39,6 +39,7 @@ from rollstream.fake_llm.player import (
     reply,
     tool_reply,
 )
+from rollstream.fake_llm.prefix_cache import PrefixCache
 from rollstream.fake_llm.responses import json_response, text_response, unauthorized
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class FakeLLMServer:
         self.adapters: dict[str, str] = {}  # LoRA adapter name -> path
         self.faults = Faults(self.options)
         self.control = Control(self)
+        self.prefix_cache = PrefixCache(self.options.prefix_cache_tokens,
+                                        self.options.prefill_s_per_token)
         self._hold: bytes | None = None  # requests whose body carries this wait for release()
         self._held: set[Pending] = set()
         self.pending: set[Pending] = set()
@@ -301,6 +304,8 @@ class FakeLLMServer:
         low, high = (-0.4, -0.01) if good else (-3.0, -0.3)
         logprobs = [round(rng.uniform(low, high), 4) for _ in tokens]
         delay = opts.latency_s * math.exp(opts.latency_sigma * rng.gauss(0, 1))
+        cached = self.prefix_cache.lookup(prompt)  # its prefix cache (prefix_cache.py)
+        delay += self.prefix_cache.prefill_s(prompt, cached)
         first = self.control.label
         try:  # (a client that closes the request: half its tokens were sampled by then)
             if self._hold is not None and self._hold in raw:
@@ -329,8 +334,9 @@ class FakeLLMServer:
             spans = [(first, 0, half), (last, half, len(tokens))]
         self.stats["completed"] += 1
         self.stats["tokens_generated"] += len(tokens)  # what the model sampled
+        self.prefix_cache.store(prompt + tokens)
         return self._completion(body, model, Reply(text, tokens, logprobs, finish, prompt,
-                                                   spans))
+                                                   spans), cached)
 
     def _aborted(self, prompt: list[str], tokens: list[str] | None = None,
                  logprobs: list[float] | None = None, label: str | None = None) -> Reply:
@@ -346,12 +352,15 @@ class FakeLLMServer:
         return Reply(text, kept, (logprobs or [])[: len(kept)], "abort", prompt,
                      [(label, 0, len(kept))])
 
-    def _completion(self, body: dict[str, Any], model: str, answer: Reply) -> web.Response:
+    def _completion(self, body: dict[str, Any], model: str, answer: Reply,
+                    cached: int | None = None) -> web.Response:
         if not self.options.token_ids:
             body = {k: v for k, v in body.items() if k != "return_token_ids"}
         out = self.flavor.answer(body, model, answer)
         if body.get("tools") and body.get("tool_choice") != "none":  # a server's tool parser
             add_tool_calls(out, self.flavor.name)
+        if cached is not None:
+            self.prefix_cache.report(out, cached)
         self.answers.append({"seed": body.get("seed"), "model": model,
                              "finish_reason": answer.finish, "tokens": len(answer.pieces),
                              "weight_version": answer.spans[-1][0] if answer.spans

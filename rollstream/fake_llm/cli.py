@@ -48,7 +48,8 @@ def options_from_args(args: argparse.Namespace) -> FakeLLMOptions:
     for name in ("p_good", "malformed_share", "error_rate", "hang_rate", "drop_rate"):
         if not 0.0 <= values[name] <= 1.0:
             raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1]")
-    for name in ("think_words", "latency_s", "latency_sigma", "load_time_s"):
+    for name in ("think_words", "latency_s", "latency_sigma", "load_time_s",
+                 "prefix_cache_tokens", "prefill_s_per_token"):
         if values[name] < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be non-negative, got "
                               f"{values[name]}")

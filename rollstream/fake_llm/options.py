@@ -32,6 +32,8 @@ class FakeLLMOptions:
     max_model_len: int = 32768  # context window (llama.cpp: n_ctx), kept as the flavor's
     # server keeps it: refused, or the turn cut to fit
     tokenizer: str = ""  # a tokenizer.json reading token-id prompts (fake_llm.completions)
+    prefix_cache_tokens: int = 0  # prompt tokens its prefix cache holds (0: none)
+    prefill_s_per_token: float = 0.0  # seconds per prompt token not found in that cache
 
 
 OPTION_HELP = {  # `rollstream fake-llm --help`, one line per FakeLLMOptions field
@@ -57,4 +59,7 @@ OPTION_HELP = {  # `rollstream fake-llm --help`, one line per FakeLLMOptions fie
     "max_model_len": "context window (llama.cpp's n_ctx), kept as the flavor's server does",
     "tokenizer": "a tokenizer.json to read /v1/completions token-id prompts and write the "
                  "replies' ids with (default: the stand-in's own hashed pieces)",
+    "prefix_cache_tokens": "prompt tokens its prefix cache (an LRU of 16-token blocks, as "
+                           "vLLM's) holds; 0: no cache",
+    "prefill_s_per_token": "seconds each prompt token not found in that cache adds",
 }

@@ -59,9 +59,12 @@ def _producer_tail(p: dict[str, Any]) -> str:
     if "rss_mb" not in p:
         return ""
     port = f", metrics :{p['metrics_port']}" if p.get("metrics_port") else ""
+    affinity = p.get("session_affinity")
+    sticky = (f", sessions {100 * affinity:.0f}% on their server" if affinity is not None
+              else "")
     return (f", {p['traj_per_s']:.1f} traj/s, rss {p['rss_mb']:.0f} MB, cpu "
             f"{p['cpu_percent']:.0f}%, {p['envs']} envs ({p['in_flight']} in an episode)"
-            f"{port}")
+            f"{sticky}{port}")
 
 
 def _batcher_state(b: dict[str, Any]) -> str:

@@ -12,7 +12,10 @@ records, which count since their previous record, so one snapshot shows them.
                     "traj_per_s", "rss_mb", "cpu_percent", "envs", "in_flight", "committed",
                     "host", "pid", "metrics_port", "rss_per_env_mb", "rss_per_env_baseline_mb",
                     "loop_stalls", "recent_stalls", "recent_stall_longest_s",
-                    "recent_stall_where"}],  (stalls: its event loop blocked, producers/stall.py)
+                    "recent_stall_where", "session_affinity", "sessions": {OUTCOME: n}}],
+                    (sticky sessions, producers/llm/routing.py: the share of their requests
+                    sent to their own server, and counts by outcome; stalls: its event loop
+                    blocked, producers/stall.py)
      "modes": {MODE: {"envs", "groups", "shards", "shards_leased",
                       "shards_without_live_producer": [int], "entries", "backlog", "pending",
                       "tags": {TAG: {"envs", "envs_running", "episodes_per_s", "success",
@@ -178,7 +181,14 @@ def _producer_figures(record: ProducerRecord) -> dict[str, Any]:
         "loop_stalls": record.loop_stalls, "recent_stalls": record.recent_stalls,
         "recent_stall_longest_s": round(record.recent_stall_longest_s, 2),
         "recent_stall_where": record.recent_stall_where,
+        "session_affinity": _affinity(record.sessions), "sessions": dict(record.sessions),
     }
+
+
+def _affinity(sessions: dict[str, int]) -> float | None:
+    """The share of sticky sessions' requests that went to their own server (None: none)."""
+    total = sum(sessions.values())
+    return round(sessions.get("preferred", 0) / total, 4) if total else None
 
 
 def _modes(config: RolloutConfig, raw: dict[str, Any], owners: dict[str, list[str | None]],
