@@ -1036,6 +1036,23 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GUARDS}::test_a_group_completed_over_several_reads_is_delivered_only_when_whole",),
         signature="mutant canary: the copy is what gets imported",
     ),
+    Mutant(
+        "openenv-session-cap", "producers/envs/remote.py",
+        "free = [s for s in up if s.in_use < s.cap]",
+        "free = up",
+        "remote envs: a producer opens no more sessions on an env server than its cap "
+        "(OpenEnv's max_concurrent_envs)",
+        ("tests/test_envs_openenv.py::test_episodes_end_to_end_through_rollstream",),
+    ),
+    Mutant(
+        "openenv-replay-bound", "producers/shard_runner.py",
+        "attempts = self.config.env_max_retries + 1",
+        "attempts = self.config.env_max_retries + 2",
+        "remote envs: an episode whose env server died is replayed env_max_retries times on "
+        "a fresh session, then its group fails with the server's reason",
+        ("tests/test_envs_openenv.py::"
+         "test_a_server_that_stays_down_fails_the_group_after_the_bounded_replays",),
+    ),
 )
 
 
