@@ -64,6 +64,20 @@ def test_bad_base_urls_are_one_line_exit_2(tmp_path) -> None:
         assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
+def test_config_check_says_in_one_line_that_no_server_answers(tmp_path) -> None:
+    path = tmp_path / "down.yaml"
+    path.write_text(yaml.safe_dump({
+        "custom_envs": {"Guess": {"env_type": "openenv", "env_config": {
+            "base_urls": [f"http://127.0.0.1:{free_port()}"], "down_wait_s": 0.2}}},
+        "train_env_manager": {"max_env_num_per_worker": 4, "num_env_groups": 2,
+                              "group_size": 2, "tags": ["Guess"]}}))
+    out = run_cli("config", "check", str(path))
+    assert out.returncode == 2, out
+    assert "custom_envs.Guess: reset failed: RemoteEnvError: env server" in out.stderr
+    assert "Cannot connect" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
 def test_the_default_fields_are_the_schemas_single_string_fields() -> None:
     schema = {"properties": {"guess": {"type": "string"}, "metadata": {"type": "object"}}}
     assert string_field(schema, "action") == "guess"

@@ -107,6 +107,7 @@ class OpenEnvEnv(gym.Env):
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._steps = 0
         self._last = ""
+        self._checking = False
 
     # -- the producer awaits these ---------------------------------------------------------
     async def areset(self, *, seed: int | None = None,
@@ -160,12 +161,17 @@ class OpenEnvEnv(gym.Env):
               options: dict | None = None) -> tuple[str, dict[str, Any]]:
         """A reset in a loop of its own (only where no loop runs): opens a session, resets
         and closes it, so `rollstream config check` learns the servers answer."""
+        self._checking = True  # a failure is the one line of the caller, not a log line
+
         async def once() -> tuple[str, dict[str, Any]]:
             try:
                 return await self.areset(seed=seed)
             finally:
+                pool = self._pool
                 await self._end_session()
                 self.close()
+                if pool is not None:
+                    await pool.aclose()
         return asyncio.run(once())
 
     def step(self, action: Any) -> Any:
@@ -258,7 +264,7 @@ class OpenEnvEnv(gym.Env):
 
     def _failed(self, reason: str) -> RemoteEnvError:
         """The server of this session failed: set it aside; the error to raise."""
-        if self._server is not None and self._pool is not None:
+        if self._server is not None and self._pool is not None and not self._checking:
             self._pool.failed(self._server, reason)
         return RemoteEnvError(f"env server {self._where()}: {reason}")
 

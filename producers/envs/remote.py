@@ -142,6 +142,14 @@ class ServerPool:
         except RuntimeError:  # no loop running (an env closed at exit): nobody waits
             pass
 
+    async def aclose(self) -> None:
+        """Stop the probes and close the HTTP session, awaited (a loop about to end)."""
+        for server in self.servers:
+            if server.probe is not None:
+                server.probe.cancel()
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
     def close(self) -> None:
         """The last env left: stop the probes and close the HTTP session."""
         for server in self.servers:
