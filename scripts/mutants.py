@@ -1045,6 +1045,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_envs_openenv.py::test_episodes_end_to_end_through_rollstream",),
     ),
     Mutant(
+        "openenv-step-deadline", "producers/envs/openenv.py",
+        "reply = await asyncio.wait_for(ws.receive(), timeout_s)",
+        "reply = await ws.receive()",
+        "remote envs: a server that answers nothing misses its reset/step deadline, is set "
+        "aside and its episodes are replayed elsewhere",
+        ("tests/test_envs_openenv.py::"
+         "test_a_hung_server_misses_its_step_deadline_and_is_set_aside",),
+    ),
+    Mutant(
         "openenv-replay-bound", "producers/shard_runner.py",
         "attempts = self.config.env_max_retries + 1",
         "attempts = self.config.env_max_retries + 2",

@@ -70,8 +70,18 @@ class EnvServer:
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a paused one too
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+
+    def pause(self) -> None:
+        """SIGSTOP: the server holds its connections and answers nothing (a hung server)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
     def count(self, prefix: str) -> int:
         with self._seen:

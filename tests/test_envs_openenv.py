@@ -41,9 +41,9 @@ def servers() -> Iterator[Any]:
 
 
 def guess_config(urls: list[str], max_sessions: int, down_wait_s: float = 2.0,
-                 **overrides: Any):
+                 step_timeout_s: float = 10.0, **overrides: Any):
     env_config = {"base_urls": urls, "max_sessions": max_sessions, "down_wait_s": down_wait_s,
-                  "step_timeout_s": 10.0, "reset_timeout_s": 10.0}
+                  "step_timeout_s": step_timeout_s, "reset_timeout_s": 10.0}
     return small_config(
         custom_envs={"Guess": {"env_type": "openenv", "env_config": env_config}},
         train_env_manager={"tags": ["Guess"]}, val_env_manager=None, **overrides)
@@ -176,6 +176,32 @@ def test_a_server_killed_mid_episode_costs_replays_not_trajectories(
     up = [rec for rec in caplog.records if "is back" in rec.getMessage()]
     assert len(down) == 1 and a.url in down[0].getMessage()
     assert len(up) == 1 and a.url in up[0].getMessage()
+
+
+@needs_openenv
+def test_a_hung_server_misses_its_step_deadline_and_is_set_aside(
+        r, run, servers, producer_thread, caplog) -> None:
+    """A server stopped (SIGSTOP) after it printed a step holds its sessions and answers
+    nothing: the step deadline (step_timeout_s) sets it aside and the episodes are replayed
+    on the other server; continued (SIGCONT), the probe brings it back."""
+    caplog.set_level(logging.INFO, logger="producers.envs.remote")
+    a, b = servers(max_sessions=4), servers(max_sessions=4)
+    config = guess_config([a.url, b.url], 4, step_timeout_s=1.0)
+    batcher = Batcher(r, config, run=run)
+    thread = producer_thread()
+    a.wait_line("step ")
+    a.pause()
+    batch = batcher.get_batch("train", timeout_s=60)
+    assert not any(t["failed"] for t in batch.trajectories)
+    assert sum(thread.producer.stats.replayed.values()) >= 1
+    a.resume()
+    wait_for(lambda: any("is back" in rec.getMessage() for rec in caplog.records),
+             timeout_s=60, what="the server back in the producer's pool")
+    assert thread.stop() == 0
+    said = [rec.getMessage() for rec in caplog.records]
+    assert any(f"env server {a.url} down: no answer to step within 1 s" in m for m in said)
+    assert any("at most 4 sessions each" in m for m in said)  # the cap, said once
+    assert sum("at most 4 sessions each" in m for m in said) == 1
 
 
 @needs_openenv

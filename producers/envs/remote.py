@@ -174,6 +174,8 @@ def pool_for(urls: tuple[str, ...], cap: int) -> ServerPool:
     pool = pools.get(urls)
     if pool is None:
         pool = pools[urls] = ServerPool(urls, cap)
+        logger.info("env servers %s: at most %d sessions each (env_config.max_sessions: "
+                    "their max_concurrent_envs)", ", ".join(urls), cap)
     return pool
 
 
