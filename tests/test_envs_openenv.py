@@ -109,6 +109,50 @@ def test_an_env_resets_with_the_seed_and_steps_the_reply(servers) -> None:
     assert server.lines[last - 2:last + 1] == ["reset 1237", "step 1237 1", "step 1237 2"]
 
 
+class Counting:
+    """A policy answering like a model: a reply of text; it guesses 0, 1, 2, ... in turn."""
+
+    async def act(self, observation: Any, ctx: Any) -> tuple[Any, str]:
+        reply = f"Let me try. <answer>{ctx.turn}</answer>"
+        return ctx.env.unwrapped.parse_action(reply), reply
+
+
+@needs_openenv
+def test_a_producer_episode_steps_with_the_replys_captured_action(servers) -> None:
+    """`play_episode` awaits the remote env: reset with the episode's seed, each reply's
+    `<answer>` sent as the action, the server's reward and done recorded; it encodes."""
+    from producers.control import ControlState
+    from producers.rollout import EnvSlot, play_episode
+    from schemas.codec import decode_trajectory, encode_trajectory
+
+    server = servers()
+
+    async def gate() -> bool:
+        return True
+
+    async def play() -> dict[str, Any]:
+        env = OpenEnvEnv(base_urls=[server.url], action_pattern=r"<answer>(.*?)</answer>")
+        slot = EnvSlot(mode="train", env_id=0, group_id=0, member=0, shard=0, tag="Guess",
+                       env=env)
+        try:
+            return await play_episode(slot, seed=5, producer_id="p", policy=Counting(),
+                                      control=ControlState(), gate=gate)
+        finally:
+            env.close()
+
+    traj = asyncio.run(play())
+    seed = traj["seed"]
+    assert seed == episode_seed(5, "train", 0, 0)
+    target = seed % 10
+    assert traj["num_actions"] == min(target + 1, 3)
+    assert [step["action"] for step in traj["steps"]] == [str(i) for i in range(
+        traj["num_actions"])]
+    assert traj["episode_score"] == (1.0 if target < 3 else 0.0) and traj["terminated"]
+    assert traj["steps"][0]["response"] == "Let me try. <answer>0</answer>"
+    assert decode_trajectory(encode_trajectory(traj))["steps"] == traj["steps"]
+    assert f"reset {seed}" in server.lines[server.wait_line(f"reset {seed}")]
+
+
 @needs_openenv
 def test_episodes_end_to_end_through_rollstream(r, run, servers, producer_thread) -> None:
     """Producers play the env's episodes on the server; trajectories reach the batcher with
