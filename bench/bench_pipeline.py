@@ -2,6 +2,7 @@
 
     python bench/bench_pipeline.py [--seconds 20] [--producers 2] [--ratio 1] [--redis-url URL]
                                    [--metrics off|on|both] [--samples off|on|both]
+                                   [--record off|both]
 
 The pipeline: the seed's train block (128 groups x 8 FrozenLake envs, 16 per shard), random
 policy, producer processes -> Redis Streams -> a Batcher handing 1024-trajectory batches in
@@ -20,6 +21,10 @@ metrics off and on in each round (alternating which goes first) and prints on / 
 `--samples`: the producers' sample stream (`sample_rate`, what `rollstream ui` shows) at the
 config's default rate (`on`, the default), off (`sample_rate: 0`), or `both`: off and on in
 each round, alternating which goes first, printing on / off and the stream's size.
+
+`--record both`: the trainer's Batcher with and without `record=DIR` (every batch kept as a
+Parquet file, consumer/store.py) in each round, alternating which goes first; prints on / off
+and the bytes written per trajectory.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ import argparse
 import asyncio
 import os
 import random
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import urllib.request
@@ -207,10 +214,10 @@ class Scraper:
 
 def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
              warmup_batches: int, metrics: bool = False,
-             scrape_s: float = 1.0) -> dict[str, float]:
+             scrape_s: float = 1.0, record: str | None = None) -> dict[str, float]:
     client = redis.Redis.from_url(url, socket_timeout=30)
     run = f"bench-{os.getpid()}-{'m' if metrics else 'n'}-{int(time.time() * 1000) % 10**6}"
-    batcher = Batcher(client, config, run=run)
+    batcher = Batcher(client, config, run=run, record=record)
     ports = free_ports(producers + 1) if metrics else []
     trainer_page = batcher.serve_metrics(ports[0], "127.0.0.1") if metrics else None
     procs = start_producers(url, run, producers, "WARNING", metrics_ports=ports[1:],
@@ -321,6 +328,38 @@ def samples_round(args: argparse.Namespace, url: str, index: int) -> float:
     return ratio
 
 
+def record_round(config: RolloutConfig, args: argparse.Namespace, url: str,
+                 index: int) -> float:
+    """`--record both`: the trainer records every batch (a fresh folder) or not, the order
+    alternating by round; prints both and returns on / off trajectories/s."""
+    order = [False, True] if index % 2 == 0 else [True, False]
+    results: dict[bool, dict[str, float]] = {}
+    for on in order:
+        folder = tempfile.mkdtemp(prefix="bench-record-") if on else None
+        try:
+            results[on] = pipeline(config, url, args.producers, args.seconds,
+                                   args.warmup_batches, record=folder)
+            if folder is not None:
+                files = list(Path(folder).iterdir())
+                kept = results[on]["batches"] + args.warmup_batches
+                results[on]["bytes_traj"] = sum(f.stat().st_size for f in files) / max(
+                    1, kept * config.batch_size("train"))
+        finally:
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+    for on in order:
+        r = results[on]
+        print(f"record {'on ' if on else 'off'}: {r['traj_s']:8.0f} traj/s  batch wait p50 "
+              f"{r['wait_p50'] * 1000:.0f} ms  CPU s/1000 traj: trainer {r['cpu_trainer']:.3f}"
+              + (f"  ({r['bytes_traj']:.0f} bytes of Parquet per trajectory)" if on else ""),
+              flush=True)
+    ratio = results[True]["traj_s"] / results[False]["traj_s"]
+    print(f"  record on / off: {ratio:.3f}x trajectories/s, "
+          f"{results[True]['cpu_trainer'] / results[False]['cpu_trainer']:.3f}x trainer CPU "
+          "per trajectory", flush=True)
+    return ratio
+
+
 def cpu_budget(pipeline_traj_s: float, plain_traj_s: float, cpu_s_per_k: float, cores: int,
                target: float = 0.8) -> tuple[float, float, float]:
     """What the CPU per trajectory allows: (cores the pipeline kept busy, the ratio it would
@@ -399,9 +438,12 @@ def main() -> None:
     parser.add_argument("--samples", choices=["off", "on", "both"], default="on",
                         help="the sample stream at the default rate (on), off, or both "
                              "compared")
+    parser.add_argument("--record", choices=["off", "both"], default="off",
+                        help="both: the trainer with and without record=DIR, compared")
     args = parser.parse_args()
-    if args.metrics == "both" and args.samples == "both":
-        parser.error("--metrics both and --samples both: compare one at a time")
+    if [args.metrics, args.samples, args.record].count("both") > 1:
+        parser.error("more than one of --metrics/--samples/--record both: compare one at "
+                     "a time")
     config = bench_config(args.ratio, args.latency_s, samples=args.samples != "off")
     with EmbeddedRedis() if args.redis_url is None else nullcontext() as server:
         url = args.redis_url or server.url
@@ -409,10 +451,13 @@ def main() -> None:
             ratios = [metrics_round(config, args, url, i) for i in range(args.repeat)]
         elif args.samples == "both":
             ratios = [samples_round(args, url, i) for i in range(args.repeat)]
+        elif args.record == "both":
+            ratios = [record_round(config, args, url, i) for i in range(args.repeat)]
         else:
             ratios = [one_round(config, args, url) for _ in range(args.repeat)]
     what = ("metrics on / off" if args.metrics == "both" else "samples on / off"
-            if args.samples == "both" else "pipeline / plain env loop")
+            if args.samples == "both" else "record on / off" if args.record == "both"
+            else "pipeline / plain env loop")
     if args.repeat > 1:
         print(f"median {what} over {args.repeat} rounds: "
               f"{float(np.median(ratios)):.3f}x (all: {', '.join(f'{x:.3f}' for x in ratios)})")

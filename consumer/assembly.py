@@ -24,7 +24,7 @@ from typing import Any
 from consumer.batch import Entry
 from consumer.filters import FILTERED, REASON_COUNTERS, build_group_filters
 from consumer.liveness import Heartbeat
-from consumer.state import BatcherState, GroupKey, GroupSlot, ModeState
+from consumer.state import TOKENS_DISCARDED, BatcherState, GroupKey, GroupSlot, ModeState
 from consumer.writes import Writer
 from schemas.codec import ENTRY_FIELD, decode_trajectory
 from schemas.config import RolloutConfig
@@ -125,12 +125,15 @@ class Assembly:
         g, k, rnd = msg["group_id"], msg["episode_id"], int(msg.get("round", 0))
         if state.mode == "val" and rnd != state.round:
             self._shared.count(state, "scheduler/val_discarded")
+            self._discarded(state, "val_discarded", [msg])
             return [entry]
         if state.mode == "train" and self._is_stale(state, k, msg["version_start"]):
             self._shared.count(state, "scheduler/stale_dropped")
+            self._discarded(state, "stale", [msg])
             return [entry]
         if (rnd, k) in state.finished[g]:
             self._shared.count(state, "scheduler/late_dropped")
+            self._discarded(state, "late", [msg])
             return [entry]
         key = (rnd, k, g)
         slot = state.groups.get(key)
@@ -140,6 +143,7 @@ class Assembly:
         slot.priority = slot.priority or priority
         if len(slot.members) >= state.group_size or msg["member"] in slot.members:
             self._shared.count(state, "scheduler/late_dropped")
+            self._discarded(state, "late", [msg])
             return [entry]  # redundancy: the first group_size finishers won; or a duplicate
         state.held.add(entry)
         if msg.get("failed"):
@@ -147,11 +151,14 @@ class Assembly:
             if state.members - len(slot.failed) < state.group_size:
                 state.finish(slot)
                 self._shared.count(state, "scheduler/failed_groups")
+                self._discarded(state, "failed_group", slot.messages())
                 self._repeats.warning(f"dropping group {key}: a member failed "
                                       f"({msg.get('error')})")
                 return slot.entries()
             return []
         slot.members[msg["member"]] = (entry, msg)
+        if state.schedule.carry and msg["version_start"] < self._shared.version:
+            self._shared.count(state, "scheduler/carried_over")  # sync: from the last step
         slot.oldest_start = min(slot.oldest_start, msg["version_start"])
         if len(slot.members) == state.group_size:
             # oldest episode first; val orders by group so every round's batch is the same
@@ -161,9 +168,18 @@ class Assembly:
             state.ready_count += 1
         return []
 
+    def _discarded(self, state: ModeState, reason: str, msgs: list[dict[str, Any]]) -> None:
+        """Count the generated tokens of trajectories dropped for `reason`."""
+        tokens = sum(len(step["response_ids"]) for msg in msgs for step in msg["steps"]
+                     if step.get("response_ids") is not None)
+        if tokens:
+            self._shared.count(state, TOKENS_DISCARDED + reason, tokens)
+
     def _is_stale(self, state: ModeState, k: int, version_start: int) -> bool:
+        """Train: an expired episode, or one whose oldest token (`version_start`: the oldest
+        step's oldest token, producers/rollout.py) is more than the bound behind."""
         schedule, version = state.schedule, self._shared.version
-        return schedule.expired(k, version) or version - version_start > schedule.ratio
+        return schedule.expired(k, version) or version - version_start > schedule.bound
 
     # -- group filters -----------------------------------------------------------------------
     def judge(self, state: ModeState, needed: int) -> int:
@@ -202,14 +218,14 @@ class Assembly:
         finally:
             for item in kept:
                 heapq.heappush(state.ready, item)
-            self.drop_groups(state, filtered, counter=None)
+            self.drop_groups(state, filtered, counter=None, tokens="filtered")
         return len(filtered)
 
     # -- groups leaving ----------------------------------------------------------------------
     def forget_rounds(self, state: ModeState) -> None:
         """A new val round started (`state.round`): groups of older rounds are dropped."""
         old = [slot for key, slot in state.groups.items() if key[0] != state.round]
-        self.drop_groups(state, old, counter=None)
+        self.drop_groups(state, old, counter=None, tokens="val_discarded")
         state.finished.clear()  # older rounds' entries are discarded by their round number
 
     def evict_expired(self, state: ModeState) -> None:
@@ -219,20 +235,24 @@ class Assembly:
         version = self._shared.version
         # expired episodes, and groups whose weights fell more than `ratio` behind since they
         # were placed (a member's `version_start`: a version published over their heads)
-        oldest = version - state.schedule.ratio
+        oldest = version - state.schedule.bound  # (sync carry-over: one step more)
         stale = [slot for (_, k, _), slot in state.groups.items()
                  if state.schedule.expired(k, version)
                  or slot.oldest_start < oldest]
-        self.drop_groups(state, stale, counter="scheduler/stale_dropped")
+        self.drop_groups(state, stale, counter="scheduler/stale_dropped", tokens="stale")
         first_live = state.schedule.first_live(version)
         for done in state.finished.values():  # forget what can no longer arrive unexpired
             done.difference_update({rk for rk in done if rk[1] < first_live})
 
-    def drop_groups(self, state: ModeState, slots: list[GroupSlot], counter: str | None) -> None:
-        """Drop these groups (ack and delete their entries), counted under `counter`."""
+    def drop_groups(self, state: ModeState, slots: list[GroupSlot], counter: str | None,
+                    tokens: str | None = None) -> None:
+        """Drop these groups (ack and delete their entries), counted under `counter`, their
+        generated tokens under `tokens_discarded/{tokens}`."""
         entries: list[Entry] = []
         for slot in slots:
             entries += slot.entries()
+            if tokens:
+                self._discarded(state, tokens, slot.messages())
             state.finish(slot)
         if counter and entries:
             self._shared.count(state, counter, len(entries))
@@ -245,7 +265,8 @@ class Assembly:
         every group it reads, for each episode admitted and not yet expired (train: at most
         `2 * ratio + 1` steps' worth, early in a run; one in sync mode; a val round plays its
         episodes once)."""
-        steps = 2 * self.config.ratio + 1 if state.mode == "train" else 1
+        steps = 2 * self.config.ratio + 1 + state.schedule.carry if state.mode == "train" \
+            else 1
         return len(state.streams) * self.config.episodes_per_step(state.mode) * steps
 
     def deliverable(self, state: ModeState, wanted: int) -> int:
@@ -263,7 +284,7 @@ class Assembly:
             return wanted
         per_step = state.schedule.episodes_per_step
         version = self._shared.version
-        low, high = version * per_step, (version + 1) * per_step
+        low, high = (version - state.schedule.carry) * per_step, (version + 1) * per_step
         done = sum(1 for keys in state.finished.values() for _, k in keys if low <= k < high)
         return min(wanted, self.most_groups(state) - done)
 

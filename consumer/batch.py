@@ -106,6 +106,12 @@ class TurnTokens:
     turn_index: np.ndarray  # [N] int64: the turn within its trajectory
     group_index: np.ndarray  # [N] int64: the trajectory's group within the batch
     missing: int = 0  # turns left out: no token ids
+    # per-token provenance (docs/trainer-api.md): the version that sampled each response
+    # token (-1 on padding), the turn's reward on its last token (0 elsewhere), and the
+    # turn's oldest token's version (what the staleness bound counts)
+    response_versions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    token_rewards: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    versions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.traj_index)
@@ -128,6 +134,14 @@ class TrajectoryTokens:
     group_index: np.ndarray  # [M] int64
     non_extending: int = 0  # trajectories left out: a prompt does not extend the last one
     missing_ids: int = 0  # trajectories left out: a turn without token ids
+    # per-token provenance (docs/trainer-api.md), [M, L] like input_ids:
+    # turn_ids: the turn (step index) each generated token belongs to, -1 on prompt, env and
+    #   padding tokens; a turn's tokens are `turn_ids == t`, its last one the turn's end
+    # token_versions: the version that sampled each generated token (-1 elsewhere)
+    # token_rewards: each turn's reward on its last generated token (0 elsewhere)
+    turn_ids: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    token_versions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    token_rewards: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
 
     def __len__(self) -> int:
         return len(self.traj_index)
@@ -150,6 +164,27 @@ def _turn_logprobs(step: dict[str, Any], length: int) -> np.ndarray:
     return out
 
 
+def turn_versions(step: dict[str, Any], length: int) -> np.ndarray:
+    """The version that sampled each of a step's `length` response tokens: its
+    `version_spans` rows ([version, start, end) over the response tokens) where the server
+    reported several, else the step's `version` for all. A token no span covers gets the
+    oldest span's version: a turn is never labelled with weights newer than it came from."""
+    spans = step.get("version_spans")
+    out = np.full(length, int(step.get("version", 0)), dtype=np.int64)
+    if spans:
+        out[:] = min(int(row[0]) for row in spans)
+        for version, start, end in spans:
+            out[int(start):int(end)] = int(version)
+    return out
+
+
+def _last_token(length: int, value: float) -> np.ndarray:
+    out = np.zeros(length, dtype=np.float32)
+    if length:
+        out[-1] = value
+    return out
+
+
 def _pad(rows: list[np.ndarray], dtype: Any, fill: float) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.array([len(row) for row in rows], dtype=np.int64)
     width = int(lengths.max()) if len(rows) else 0
@@ -162,8 +197,8 @@ def _pad(rows: list[np.ndarray], dtype: Any, fill: float) -> tuple[np.ndarray, n
 def turn_tokens(trajs: list[dict[str, Any]], group_index: np.ndarray, *, pad_id: int = 0,
                 metrics: dict[str, float] | None = None) -> TurnTokens:
     """`Batch.turn_tokens` over a list of trajectories."""
-    prompts, responses, logprobs = [], [], []
-    rewards, scores, traj_index, turn_index, groups = [], [], [], [], []
+    prompts, responses, logprobs, token_versions, token_rewards = [], [], [], [], []
+    rewards, scores, traj_index, turn_index, groups, versions = [], [], [], [], [], []
     missing = 0
     for i, traj in enumerate(trajs):
         for t, step in enumerate(traj["steps"]):
@@ -174,6 +209,10 @@ def turn_tokens(trajs: list[dict[str, Any]], group_index: np.ndarray, *, pad_id:
             prompts.append(prompt)
             responses.append(response)
             logprobs.append(_turn_logprobs(step, len(response)))
+            token_versions.append(turn_versions(step, len(response)))
+            token_rewards.append(_last_token(len(response), step["reward"]))
+            versions.append(int(token_versions[-1].min()) if len(response)
+                            else int(step.get("version", 0)))
             rewards.append(step["reward"])
             scores.append(traj["episode_score"])
             traj_index.append(i)
@@ -188,17 +227,22 @@ def turn_tokens(trajs: list[dict[str, Any]], group_index: np.ndarray, *, pad_id:
         prompt_ids, prompt_lengths, response_ids, response_lengths, logprob_array,
         np.array(rewards, dtype=np.float32), np.array(scores, dtype=np.float32),
         np.array(traj_index, dtype=np.int64), np.array(turn_index, dtype=np.int64),
-        np.array(groups, dtype=np.int64), missing)
+        np.array(groups, dtype=np.int64), missing, _pad(token_versions, np.int64, -1)[0],
+        _pad(token_rewards, np.float32, 0.0)[0], np.array(versions, dtype=np.int64))
 
 
 def _joined(steps: list[dict[str, Any]]) -> tuple[list[np.ndarray], str]:
-    """[input_ids, loss_mask, logprobs] of a trajectory, or ([], why it cannot be joined)."""
+    """[input_ids, loss_mask, logprobs, turn_ids, token_versions, token_rewards] of a
+    trajectory, or ([], why it cannot be joined)."""
     ids: list[np.ndarray] = []
     mask: list[np.ndarray] = []
     lps: list[np.ndarray] = []
+    turns: list[np.ndarray] = []
+    vers: list[np.ndarray] = []
+    rews: list[np.ndarray] = []
     length = 0
     seq = np.zeros(0, dtype=np.int32)
-    for step in steps:
+    for t, step in enumerate(steps):
         prompt, response = _ids(step, "prompt_ids"), _ids(step, "response_ids")
         if prompt is None or response is None:
             return [], "missing"
@@ -208,11 +252,15 @@ def _joined(steps: list[dict[str, Any]]) -> tuple[list[np.ndarray], str]:
         ids += [added, response]
         mask += [np.zeros(len(added), np.int8), np.ones(len(response), np.int8)]
         lps += [np.zeros(len(added), np.float32), _turn_logprobs(step, len(response))]
+        outside = np.full(len(added), -1, np.int64)
+        turns += [outside, np.full(len(response), t, np.int64)]
+        vers += [outside, turn_versions(step, len(response))]
+        rews += [np.zeros(len(added), np.float32), _last_token(len(response), step["reward"])]
         seq = np.concatenate([prompt, response])
         length = len(seq)
     if not ids:
         return [], "missing"
-    return [np.concatenate(ids), np.concatenate(mask), np.concatenate(lps)], ""
+    return [np.concatenate(part) for part in (ids, mask, lps, turns, vers, rews)], ""
 
 
 def trajectory_tokens(trajs: list[dict[str, Any]], group_index: np.ndarray, *,
@@ -232,6 +280,9 @@ def trajectory_tokens(trajs: list[dict[str, Any]], group_index: np.ndarray, *,
     input_ids, lengths = _pad([r[0] for r in rows], np.int32, pad_id)
     loss_mask, _ = _pad([r[1] for r in rows], np.int8, 0)
     logprobs, _ = _pad([r[2] for r in rows], np.float32, 0.0)
+    turn_ids, _ = _pad([r[3] for r in rows], np.int64, -1)
+    token_versions, _ = _pad([r[4] for r in rows], np.int64, -1)
+    token_rewards, _ = _pad([r[5] for r in rows], np.float32, 0.0)
     attention_mask = (np.arange(input_ids.shape[1]) < lengths[:, None]).astype(np.int8)
     if metrics is not None:
         metrics["tokens/non_extending"] = float(left_out["non_extending"])
@@ -241,7 +292,8 @@ def trajectory_tokens(trajs: list[dict[str, Any]], group_index: np.ndarray, *,
         input_ids, attention_mask, loss_mask, logprobs, lengths, index,
         np.array([trajs[i]["episode_score"] for i in kept], dtype=np.float32),
         np.asarray(group_index, dtype=np.int64)[index] if len(kept) else index,
-        left_out["non_extending"], left_out["missing"])
+        left_out["non_extending"], left_out["missing"], turn_ids, token_versions,
+        token_rewards)
 
 
 def batch_metrics(
@@ -264,8 +316,27 @@ def batch_metrics(
         metrics["rollout/score/min"] = float(scores.min())
         metrics["scheduler/staleness/mean"] = float(staleness.mean())
         metrics["scheduler/staleness/max"] = float(staleness.max())
+        # the distribution, not only the max: trajectories per version lag (0 = current)
+        lags, counts = np.unique(staleness.astype(np.int64), return_counts=True)
+        for lag, count in zip(lags.tolist(), counts.tolist(), strict=True):
+            metrics[f"scheduler/staleness/lag_{lag}"] = float(count)
         # ended by the model's context window (truncated with the turns that fit)
         metrics["rollout/context_full"] = float(sum(1 for t in trajs if "context_full" in t))
+        metrics.update(tool_metrics(trajs))
     metrics["time/get_batch_cost"] = wait_s
     metrics.update(counters)
     return metrics
+
+
+def tool_metrics(trajs: list[dict[str, Any]]) -> dict[str, float]:
+    """`tools/calls` (calls run) and `tools/malformed` (calls the parser could not use) of a
+    batch's steps (producers/tools/loop.py); none when no step of it had tools."""
+    calls = malformed = 0
+    seen = False
+    for traj in trajs:
+        for step in traj["steps"]:
+            if "tool_calls" in step:
+                seen = True
+                calls += step["tool_calls"]
+                malformed += step.get("tool_malformed", 0)
+    return {"tools/calls": float(calls), "tools/malformed": float(malformed)} if seen else {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import os
 from typing import Any
 
 from consumer.assembly import Assembly
@@ -32,7 +33,9 @@ from consumer.handout import HandOut
 from consumer.liveness import Claims, Heartbeat
 from consumer.metrics import StateRecord, batcher_families
 from consumer.publishing import MAX_WEIGHTS_BYTES, Publisher
+from consumer.records import RecordedBatcher
 from consumer.state import BatcherState, BatcherStats, ModeState, new_mode_state
+from consumer.store import BatchStore
 from consumer.waiting import BatchWait
 from consumer.writes import Writer
 from schemas.config import RolloutConfig
@@ -55,6 +58,8 @@ class Batcher:
     thread, `alive_ttl_ms`); another batcher claims its unacked entries only once it has
     seen that key missing for a whole `alive_ttl_ms` of its own (give the batchers of a run
     the same) and they were idle for `claim_idle_ms`. `close()` (or `with`) ends it.
+    `record=DIR` keeps every batch `get_batch` hands out in DIR as Parquet (consumer/store.py;
+    the `store` extra); `Batcher.from_records(DIR)` hands them out again.
     """
 
     def __init__(
@@ -72,6 +77,7 @@ class Batcher:
         publish_config: bool = True,
         write_timeout_s: float = 60.0,
         alive_ttl_ms: int = 10_000,
+        record: str | os.PathLike[str] | None = None,
     ):
         if not isinstance(config, RolloutConfig):
             raise ConfigError(f"Batcher needs a RolloutConfig, not {type(config).__name__} "
@@ -89,6 +95,8 @@ class Batcher:
                     f"batcher {index} of {count} would read no {mode} group: the "
                     f"{mode}_env_manager has {config.manager(mode).num_env_groups} (group g goes "
                     "to batcher g % count)")
+        # record=DIR: every batch handed out is kept as Parquet (consumer/store.py)
+        self._store = None if record is None else BatchStore(record, config.to_yaml())
         client = run_client(redis, socket_timeout=30, socket_connect_timeout=5)
         self._owns_client = client is not redis
         if client.get_connection_kwargs().get("decode_responses"):
@@ -207,7 +215,16 @@ class Batcher:
                 f"get_batch n={n} needs {wanted} complete groups, but at most {most} can be "
                 f"ready at once here ({len(state.streams)} {mode} groups read by this batcher, "
                 f"{most // len(state.streams)} episode(s) each admitted ahead of the trainer)")
-        return self._wait.get_batch(state, n, wanted, timeout_s)
+        batch = self._wait.get_batch(state, n, wanted, timeout_s)
+        if self._store is not None:
+            self._store.write(batch)
+        return batch
+
+    @staticmethod
+    def from_records(path: str | os.PathLike[str]) -> RecordedBatcher:
+        """The batches a `record=` folder (or one of its files) holds, handed out in order by
+        an object with this class's trainer API: no Redis, producers or servers."""
+        return RecordedBatcher(path)
 
     def ack(self, batch: Batch) -> None:
         """The trainer is done with `batch`: its entries are acked and deleted (retried through

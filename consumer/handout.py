@@ -108,8 +108,9 @@ class HandOut:
         counters = dict(state.counters)
         state.counters.clear()
         metrics = batch_metrics(trajs, self._shared.version, counters, wait_s)
-        self._shared.stats.on_batch(state.mode, trajs, wait_s)
-        for name in ("scheduler/stale_dropped", "scheduler/failed_groups", FILTERED):
+        self._shared.stats.on_batch(state.mode, trajs, wait_s, self._shared.version)
+        for name in ("scheduler/stale_dropped", "scheduler/failed_groups", FILTERED,
+                     "time/weight_sync_pause_s"):
             metrics.setdefault(name, 0.0)
         batch = Batch(state.mode, self._shared.version, trajs, entries, metrics, round=state.round)
         try:

@@ -18,7 +18,7 @@ from typing import Any
 import redis as redis_lib
 
 from consumer.filters import REASON_COUNTERS
-from consumer.state import BatcherState, ModeState
+from consumer.state import TOKENS_DISCARDED, BatcherState, ModeState
 from schemas.keys import CONSUMER_GROUP, Keys
 from schemas.liveness import live_producers
 from schemas.stats import STATS_KEEP_S, BatcherRecord, Family, counter, gauge, histogram
@@ -124,11 +124,22 @@ def batcher_families(batcher: BatcherState, redis: Any, keys: Keys) -> Iterator[
                   "group_filter_cls)", ["mode", "reason"],
                   [((mode, FILTER_REASONS[name]), n) for (mode, name), n in counts
                    if name in FILTER_REASONS])
+    yield counter("rollstream_batcher_tokens_discarded",
+                  "Generated tokens of the trajectories the batcher dropped, by reason (stale, "
+                  "late, val_discarded, failed_group, filtered)", ["mode", "reason"],
+                  [((mode, name[len(TOKENS_DISCARDED):]), n) for (mode, name), n in counts
+                   if name.startswith(TOKENS_DISCARDED)])
     yield histogram("rollstream_batch_wait_seconds", "Time get_batch took, per batch",
                     ["mode"], [((m,), h) for m, h in list(stats.wait.items())])
     yield histogram("rollstream_commit_to_delivery_seconds",
                     "Time from a trajectory's commit to its hand-out (producer and trainer "
                     "clocks)", ["mode"], [((m,), h) for m, h in list(stats.latency.items())])
+    yield histogram("rollstream_trajectory_staleness_versions",
+                    "Version lag of each handed-out trajectory (batch version - version_start)",
+                    ["mode"], [((m,), h) for m, h in list(stats.staleness.items())])
+    yield histogram("rollstream_weight_sync_pause_seconds",
+                    "Time ModelServers.update held the model servers, pause to resume/update "
+                    "done, per update", [], [((), stats.sync_pause)])
     yield gauge("rollstream_version", "Policy version published by the trainer", [],
                 [((), batcher.version)])
     yield gauge("rollstream_batcher_waiting", "1 while get_batch is waiting", ["mode"],

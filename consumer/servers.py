@@ -74,6 +74,7 @@ from typing import TYPE_CHECKING, Any
 import redis as redis_lib
 
 from consumer.loaders import PAUSE_MODES, ServerHTTP
+from consumer.partial import keeping_pause_mode
 from consumer.periodic import Periodic
 from schemas.errors import ConfigError, ServerUpdateError
 from schemas.keys import Keys
@@ -104,7 +105,11 @@ class ModelServers:
     `abort_requests` says, or `abort` / `in_place` / `retract`; `"vllm"`: `abort` (None),
     `wait` or `keep`). `max_loras` is a `"vllm-lora"` server's `--max-loras`. `check` tells
     `heal()` what a server loaded by a callable `method` holds; `watch_s` is how often the
-    servers are healed on a daemon thread (None: never by itself).
+    servers are healed on a daemon thread (None: never by itself). With `batcher` (set by
+    `for_batcher`), each `update`'s pause time (`last_pause_s`, from the first pause request to
+    the last server's resume) goes into that Batcher's next batch of each mode
+    (`metrics["time/weight_sync_pause_s"]`) and its `/metrics`
+    (`rollstream_weight_sync_pause_seconds`).
     """
 
     def __init__(self, redis: redis_lib.Redis, run: str, base_urls: Sequence[str], *,
@@ -112,7 +117,8 @@ class ModelServers:
                  staleness: int = 0, adapter_name: str = DEFAULT_ADAPTER_NAME,
                  api_key: str | None = None, timeout_s: float = 600.0,
                  abort_requests: bool = True, max_loras: int = VLLM_MAX_LORAS,
-                 check: Check | None = None, watch_s: float | None = WATCH_S):
+                 check: Check | None = None, watch_s: float | None = WATCH_S,
+                 batcher: Batcher | None = None):
         if not base_urls:
             raise ConfigError("ModelServers: no base_urls (the policy's model servers)")
         if not callable(method) and method not in METHODS:
@@ -137,6 +143,9 @@ class ModelServers:
         self.pause_mode = pause_mode if pause_mode is not None or method != "vllm" else "abort"
         self.max_loras = max_loras
         self.check = check
+        # the Batcher whose next batches (and /metrics) report each update's pause time
+        self._batcher_state = None if batcher is None else batcher._shared
+        self.last_pause_s: float | None = None  # the last update's, pause to resume
         self._http = ServerHTTP(api_key, timeout_s)
         if method == "vllm-lora" and staleness >= 1 and max_loras < 2:
             logger.warning("vllm-lora with async_generation_ratio %d: at each update the "
@@ -155,7 +164,8 @@ class ModelServers:
     def for_batcher(cls, batcher: Batcher, method: str | Loader = "sglang",
                     **kwargs: Any) -> ModelServers:
         """The servers of the run `batcher` serves: its Redis client and run, the staleness
-        bound of its config, and the openai policy's `base_urls` and API key (unless given)."""
+        bound of its config, the openai policy's `base_urls` and API key, and the pause mode
+        its `partial_rollout.in_flight` asks for (`consumer.partial`), unless given."""
         policy = batcher.config.policy
         if "base_urls" not in kwargs:
             if not isinstance(policy, OpenAIPolicyConfig):
@@ -169,6 +179,9 @@ class ModelServers:
                 raise ConfigError(f"policy.api_key_env: the environment variable "
                                   f"{policy.api_key_env} is not set")
         kwargs.setdefault("staleness", batcher.config.ratio)
+        kwargs.setdefault("batcher", batcher)
+        if "pause_mode" not in kwargs and isinstance(method, str):
+            kwargs["pause_mode"] = keeping_pause_mode(method, batcher.config.policy)
         return cls(batcher.redis, batcher.keys.run, method=method, **kwargs)
 
     # -- public ------------------------------------------------------------------------------
@@ -181,6 +194,11 @@ class ModelServers:
                                                thread_name_prefix="model-server") as pool:
             outcomes = list(pool.map(lambda url: self._update_one(url, version, checkpoint),
                                      self.base_urls))
+        # the weight-sync pause: from the first server's pause (or load) request to the last
+        # one's resume (or load done); `update` returns only then
+        self.last_pause_s = pause_s = time.perf_counter() - started
+        if self._batcher_state is not None:
+            self._batcher_state.sync_paused(pause_s)
         failed = [error for error in outcomes if error is not None]
         done = {url: version for url, error in zip(self.base_urls, outcomes, strict=True)
                 if error is None}

@@ -22,7 +22,18 @@ from schemas.keys import Keys
 from schemas.protocol import Schedule
 from schemas.stats import LATENCY_BUCKETS_S, WAIT_BUCKETS_S, Histogram
 
+# version lags of handed-out trajectories (rollstream_trajectory_staleness_versions): the
+# bucket `le=k` counts lags <= k; lags are whole numbers, so 0, 1, 2, 3 are exact counts
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 16, 32)
+SYNC_PAUSE_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
 GroupKey = tuple[int, int, int]  # (val round, episode k, group id)
+
+
+# the counters of generated tokens the batcher dropped: `tokens_discarded/{reason}`, reason
+# stale (an expired or too-stale trajectory: a sync hand-out's unfinished episodes land here),
+# late, val_discarded, failed_group, filtered
+TOKENS_DISCARDED = "tokens_discarded/"
 
 
 @dataclass
@@ -40,6 +51,10 @@ class GroupSlot:
 
     def entries(self) -> list[Entry]:
         return [entry for entry, _ in self.members.values()] + self.failed
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The trajectories of its members that finished (failed ones carry no steps)."""
+        return [msg for _, msg in self.members.values()]
 
 
 @dataclass
@@ -82,7 +97,7 @@ def new_mode_state(config: RolloutConfig, keys: Keys, mode: str, index: int,
     manager = config.manager(mode)
     streams = [keys.stream(mode, g) for g in range(manager.num_env_groups)
                if g % count == index]
-    schedule = Schedule(config.episodes_per_step(mode), config.ratio)
+    schedule = config.schedule(mode)
     members = manager.members
     env_ids = [g * members + m for g in range(manager.num_env_groups)
                if g % count == index for m in range(members)]
@@ -97,13 +112,21 @@ class BatcherStats:
         self.counts: dict[tuple[str, str], float] = defaultdict(float)  # (mode, counter name)
         self.wait: dict[str, Histogram] = defaultdict(lambda: Histogram(WAIT_BUCKETS_S))
         self.latency: dict[str, Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS_S))
+        self.staleness: dict[str, Histogram] = defaultdict(
+            lambda: Histogram(STALENESS_BUCKETS))
+        self.sync_pause = Histogram(SYNC_PAUSE_BUCKETS_S)  # ModelServers.update, per update
         self.waiting: dict[str, bool] = {}  # mode -> inside get_batch now
         self.batches = 0
         self.trajectories = 0
 
-    def on_batch(self, mode: str, trajs: list[dict[str, Any]], wait_s: float) -> None:
-        """A batch was handed out: count it by tag, its wait, and each trajectory's time from
-        commit (`finished_at`, the producer's clock) to now."""
+    def on_batch(self, mode: str, trajs: list[dict[str, Any]], wait_s: float,
+                 version: int | None = None) -> None:
+        """A batch was handed out: count it by tag, its wait, each trajectory's time from
+        commit (`finished_at`, the producer's clock) to now, and (given the version it is
+        handed out at) each trajectory's version lag."""
+        if version is not None:
+            self.staleness[mode].observe_many(
+                version - np.array([t["version_start"] for t in trajs], dtype=np.float64))
         now = time.time()
         delivered = self.delivered
         for tag, count in Counter(map(itemgetter("tag"), trajs)).items():
@@ -128,6 +151,15 @@ class BatcherState:
     version: int = 0
     totals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     stats: BatcherStats = field(default_factory=BatcherStats)
+
+    def sync_paused(self, seconds: float) -> None:
+        """`ModelServers.update` held the servers `seconds` (pause to resume/update done):
+        on `/metrics`, and in every mode's next batch as `time/weight_sync_pause_s` (the
+        updates since that mode's last batch, added up)."""
+        self.stats.sync_pause.observe(seconds)
+        for state in self.modes.values():
+            state.counters["time/weight_sync_pause_s"] += seconds
+            state.counters["time/weight_syncs"] += 1
 
     def count(self, state: ModeState, name: str, amount: float = 1) -> None:
         """A drop or a failed group: reported with the mode's next batch, in `totals` and on

@@ -47,6 +47,10 @@ class LlmCounters:
         self.latency: dict[str, Histogram] = {}
         self.errors: dict[tuple[str, str], int] = defaultdict(int)
         self._names: dict[str, str] = {}  # server URL -> its label (a password masked)
+        # generated tokens thrown away, by (mode, reason): aborted (a turn the server aborted
+        # at an update or pause, sent again), abandoned (an episode expired or left
+        # mid-way), failed (its env or model request failed), stopped (the producer stopped)
+        self.discarded: dict[tuple[str, str], int] = defaultdict(int)
 
     def request(self, server: str, latency_s: float) -> None:
         hist = self.latency.get(server)
@@ -56,6 +60,9 @@ class LlmCounters:
 
     def error(self, server: str, reason: str) -> None:
         self.errors[(server, reason)] += 1
+
+    def tokens_discarded(self, mode: str, reason: str, tokens: int) -> None:
+        self.discarded[(mode, reason)] += tokens
 
     def label(self, server: str) -> str:
         name = self._names.get(server)
@@ -73,6 +80,11 @@ class LlmCounters:
                           "Failed model request attempts by server and reason",
                           ["server", "reason"], [((self.label(s), reason), n) for (s, reason), n
                                                  in list(self.errors.items())])
+        if self.discarded:
+            yield counter("rollstream_tokens_discarded",
+                          "Generated tokens a producer threw away, by mode and reason "
+                          "(aborted, abandoned, failed, stopped)", ["mode", "reason"],
+                          list(self.discarded.items()))
 
 
 LLM = LlmCounters()
@@ -87,6 +99,12 @@ def llm_error(server: str, reason: str) -> None:
     """Record one failed attempt (`timeout`, `connection`, `http_5xx`, `http_429`, `http_4xx`,
     `bad_reply`, or another short word)."""
     LLM.error(server, reason)
+
+
+def tokens_discarded(mode: str, reason: str, tokens: int) -> None:
+    """Record `tokens` generated tokens thrown away (`aborted`, `abandoned`, `failed`,
+    `stopped`)."""
+    LLM.tokens_discarded(mode, reason, tokens)
 
 
 # -- the producer's own counters ---------------------------------------------------------------
@@ -196,6 +214,7 @@ class ProducerStats:
             servers_down=dict(held.servers_down), loop_stalls=self.loop_stalls,
             recent_stalls=self._recent_stalls[0], recent_stall_longest_s=self._recent_stalls[1],
             recent_stall_where=self._recent_stalls[2],
+            tokens_discarded=_by_last(dict(LLM.discarded)),
         )
         self._recent_stalls = (0, 0.0, "")
         for counts in self.tags.values():

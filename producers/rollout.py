@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from producers import metrics
 from producers.control import ControlState
 from producers.policies.protocol import Policy, StepContext, Turn
 from schemas.codec import SCHEMA_VERSION, traj_ids
@@ -137,8 +138,30 @@ def _clean_info(info: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def play_episode(
+async def play_episode(slot: EnvSlot, **kwargs: Any) -> dict[str, Any]:
+    """Play episode `slot.k` (see `_play`); the tokens of an episode that does not come back
+    (abandoned, failed, stopped) are counted as discarded (`metrics.tokens_discarded`)."""
+    steps: list[dict[str, Any]] = []
+    try:
+        return await _play(slot, steps, **kwargs)
+    except BaseException as exc:
+        tokens = generated_tokens(steps)
+        if tokens:
+            reason = ("abandoned" if isinstance(exc, Abandoned) else "stopped"
+                      if isinstance(exc, asyncio.CancelledError) else "failed")
+            metrics.tokens_discarded(slot.mode, reason, tokens)
+        raise
+
+
+def generated_tokens(steps: list[dict[str, Any]]) -> int:
+    """The response tokens of these steps (those that carry ids)."""
+    return sum(len(step["response_ids"]) for step in steps
+               if step.get("response_ids") is not None)
+
+
+async def _play(
     slot: EnvSlot,
+    steps: list[dict[str, Any]],
     *,
     seed: int,
     producer_id: str,
@@ -148,6 +171,7 @@ async def play_episode(
     acting_version: Callable[[], int] | None = None,
     inflight: InFlight | None = None,
     must_stop: Callable[[], bool] | None = None,
+    must_cut: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Play episode `slot.k` and return its trajectory message (not yet encoded).
 
@@ -159,7 +183,8 @@ async def play_episode(
     With `inflight`, an awaited `act` runs there and `must_stop()` says when a control change
     must cut it short (False: the gate would pass now, so it is not awaited); a turn cut
     short, or one the server aborted (`TurnAborted`), is sent again once the gate passes (or
-    the episode is abandoned).
+    the episode is abandoned). `must_cut()` (default `must_stop`) is what `inflight` asks
+    instead when it differs: a pause that keeps turns in flight (`producers.partial`).
     Env exceptions propagate; the caller retries with the same seed.
     """
     k = slot.k
@@ -171,7 +196,6 @@ async def play_episode(
     env_step, threaded = env.step, slot.threaded  # looked up once, used every step
     areset = getattr(env.unwrapped, "areset", None)  # a remote env: reset/step are awaited
     slow = threaded or areset is not None
-    steps: list[dict[str, Any]] = []
     append = steps.append
     started = clock()
     policy_s = score = 0.0
@@ -199,7 +223,7 @@ async def play_episode(
         try:
             chosen = act_now(observation, ctx) if act_now is not None else None
             if chosen is None:
-                chosen = await _act(policy, observation, ctx, inflight, must_stop)
+                chosen = await _act(policy, observation, ctx, inflight, must_cut or must_stop)
         except ContextFull as exc:  # the conversation outgrew the model: ends truncated
             if not steps:  # not even the first turn fits: nothing to train on
                 raise EpisodeFailed(f"the first prompt does not fit the model's context "
@@ -233,9 +257,10 @@ async def play_episode(
     wall_s = clock() - started
     traj = {
         **_identity(slot, k, env_seed, producer_id),
-        # the versions of the first and last steps (the weights that chose them)
-        "version_start": steps[0]["version"] if steps else control.version,
-        "version_end": steps[-1]["version"] if steps else control.version,
+        # the oldest and newest weights that chose a step: a step's `version` is its oldest
+        # token's (the staleness bound counts it), its newest in `version_spans`/`version_end`
+        "version_start": min(map(_oldest, steps)) if steps else control.version,
+        "version_end": max(map(_newest, steps)) if steps else control.version,
         "episode_score": score,
         "success": bool(info.get("success", False)),
         "terminated": bool(terminated),
@@ -273,6 +298,23 @@ async def _model_step(response: Any, action: Any, env: Any, env_step: Callable[[
     return step_fn(arg)
 
 
+def _oldest(step: dict[str, Any]) -> int:
+    """The version of a step's oldest token: its `version`, or an older span's."""
+    spans = step.get("version_spans")
+    if spans:
+        return min(int(step["version"]), *(int(row[0]) for row in spans))
+    return int(step["version"])
+
+
+def _newest(step: dict[str, Any]) -> int:
+    """The version of a step's newest token: its last span's, or `version_end` (a turn
+    updated mid-turn on a server that reports no spans), else its `version`."""
+    spans = step.get("version_spans")
+    if spans:
+        return max(int(row[0]) for row in spans)
+    return int(step.get("version_end", step["version"]))
+
+
 def _add_reply(step: dict[str, Any], response: Any) -> None:
     """Add a model's reply to a step's record: its text, and for a `Turn` its token fields
     and the version that really generated it."""
@@ -304,6 +346,8 @@ async def _act(policy: Policy, observation: Any, ctx: StepContext, inflight: InF
         finally:
             inflight.leave(task)
     except TurnAborted as exc:
+        if exc.tokens:  # what the server had sampled: sent again from the start
+            metrics.tokens_discarded(ctx.mode, "aborted", exc.tokens)
         logger.debug("turn %d of episode %d (group %d, member %d) aborted (%s); sending it "
                      "again", ctx.turn, ctx.episode_id, ctx.group_id, ctx.member, exc)
         await asyncio.sleep(ABORT_RETRY_S)

@@ -27,7 +27,6 @@ from producers.weights import WeightsFollower, takes_weights
 from schemas.backoff import Backoff
 from schemas.config import RolloutConfig
 from schemas.keys import Keys
-from schemas.protocol import Schedule
 from schemas.redisconn import REDIS_ERRORS, AsyncClient, OwnerWatch, ReplicaWait, mask_url
 
 logger = logging.getLogger(__name__)
@@ -47,8 +46,7 @@ class Serving:
         self.life = life
         self.redis_url = redis_url
         self.inflight = InFlight()  # awaited policy calls a pause, expiry or stop cuts short
-        self.schedules = {m: Schedule(config.episodes_per_step(m), config.ratio)
-                          for m in config.modes()}
+        self.schedules = {m: config.schedule(m) for m in config.modes()}
         self.state = ControlState(SYNC_WAKE_CHUNK if config.is_sync else WAKE_CHUNK)
         self.watcher = ControlWatcher(redis, keys, self.state, poll_interval_s)
         self.committer = Committer(redis, keys, producer_id, replicas=ReplicaWait(

@@ -21,6 +21,7 @@ from producers.control import ControlState
 from producers.envs import build_env
 from producers.leases import Leases, ShardId
 from producers.metrics import ProducerStats
+from producers.partial import InFlightRule
 from producers.policies.protocol import Policy
 from producers.rollout import Abandoned, EnvSlot, InFlight, failed_trajectory, play_episode
 from producers.weights import WeightsFollower
@@ -72,6 +73,7 @@ class ShardRunner:
         self.shards: dict[ShardId, ShardRun] = {}
         self._sampled = Sampler(config.sample_rate, config.seed)  # for the sample stream
         self._repeats = Repeats(logger)  # an env failing every episode: not a line each
+        self._in_flight = InFlightRule(config)  # what a pause cuts short (partial rollouts)
 
     # -- shards ------------------------------------------------------------------------------
     async def start_shard(self, shard: ShardId) -> None:
@@ -179,7 +181,9 @@ class ShardRunner:
     async def interrupt_loop(self) -> None:
         """On every control change, cut short the policy calls in flight whose gate would
         no longer pass (a pause, the episode's expiry, a stop): their HTTP requests close,
-        so the model servers are idle while the trainer updates them."""
+        so the model servers are idle while the trainer updates them. With
+        `partial_rollout.in_flight: keep` a pause whose episodes live on lets them finish
+        instead (`producers.partial`)."""
         state = self.state
         while not self._stopping:
             await state.wait_change()
@@ -298,6 +302,8 @@ class ShardRunner:
             "gate": lambda: self._gate(run, slot, slot.k),
             "acting_version": self._acting_version, "inflight": self.inflight,
             "must_stop": lambda: self._verdict(run, slot, slot.k) is not True,
+            "must_cut": lambda: self._in_flight.must_cut(self._verdict(run, slot, slot.k),
+                                                         self.state.paused),
         }
 
     async def _play_with_retries(self, run: ShardRun, slot: EnvSlot,

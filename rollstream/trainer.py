@@ -49,6 +49,7 @@ class UpOptions:
     metrics_port: int | None = None  # the trainer's /metrics; producers get the next ports
     metrics_addr: str = "0.0.0.0"
     plot: str | None = None  # write throughput, batch wait and success curves here at the end
+    record: str | None = None  # keep every batch in this folder as Parquet (consumer/store.py)
 
 
 SKIP_AGAIN_S = 1.0  # the stand-in trainer's pause before skipping a second version in a row
@@ -145,7 +146,7 @@ def train_session(client: SyncClient, opts: UpOptions, header: str, out: TextIO)
     The run's producers keep running when this ends, for whatever reason: only a deliberate
     `rollstream stop` ends a run, so a trainer that crashes or times out can simply start
     again and find its producers waiting."""
-    batcher = Batcher(client, opts.config, run=opts.run)
+    batcher = Batcher(client, opts.config, run=opts.run, record=opts.record)
     metrics = (None if opts.metrics_port is None
                else batcher.serve_metrics(opts.metrics_port, opts.metrics_addr))
     progress = Progress.to(out, keep=bool(opts.plot))  # the points only the plot reads

@@ -40,6 +40,7 @@ from schemas.policy import (
     PythonPolicyConfig,
     RandomPolicyConfig,
 )
+from schemas.protocol import Schedule
 from schemas.roll import compose, needs_composition
 from schemas.rollmap import translate, used_tags
 from schemas.tagspec import UNSUPPORTED, TagSpec
@@ -170,6 +171,17 @@ class RolloutConfig(BaseModel):
     @property
     def is_sync(self) -> bool:
         return self.async_generation_ratio == 0
+
+    @property
+    def carry_steps(self) -> int:
+        """Steps an unfinished train episode may outlive its own (`Schedule.carry`): 1 in sync
+        mode with `policy.partial_rollout.sync_carry_over`, else 0 (sync stays on-policy)."""
+        return int(self.is_sync and self.policy.partial_rollout.sync_carry_over)
+
+    def schedule(self, mode: str) -> Schedule:
+        """The admission and expiry rules of a mode (train: with the carry-over, if any)."""
+        return Schedule(self.episodes_per_step(mode), self.ratio,
+                        self.carry_steps if mode == "train" else 0)
 
     def manager(self, mode: str) -> EnvManagerConfig:
         if mode == "train":

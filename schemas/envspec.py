@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
+from schemas.tools import ToolsSpec
+
 SOKOBAN_ID = "rollstream/Sokoban-v0"
 FROZENLAKE_ID = "rollstream/FrozenLake-v0"
 SOKOBAN_NATIVE_ID = "rollstream/SokobanNative-v0"
@@ -93,6 +95,8 @@ class EnvSpec(BaseModel):
     max_tokens_per_step: PositiveInt | None = Field(
         default=None, description="tokens per reply for this tag (default: the policy's "
         "max_tokens)")
+    tools: ToolsSpec | None = Field(
+        default=None, description="the tools an LLM agent may call (docs/tools.md)")
 
     @field_validator("agent_template")
     @classmethod

@@ -75,7 +75,12 @@ class ContextFull(RollstreamError):
 
 class TurnAborted(RollstreamError):
     """A model turn that was not generated (the server aborted it, as SGLang does while it
-    loads new weights): the producer sends it again after its gate (pause, expiry) passes."""
+    loads new weights): the producer sends it again after its gate (pause, expiry) passes.
+    `tokens`: how many tokens the server says it had generated (discarded: counted)."""
+
+    def __init__(self, message: str, tokens: int = 0):
+        super().__init__(message)
+        self.tokens = tokens
 
 
 class ServerUpdateError(RollstreamError):

@@ -32,7 +32,43 @@ from schemas.sampling import resolve as resolve_sampling
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class RandomPolicyConfig(BaseModel):
+class PartialRollout(BaseModel):
+    """`policy.partial_rollout`: what happens to generation in flight (docs/servers.md,
+    "Partial rollouts").
+
+    - `in_flight: keep` (the default): a weight update does not restart turns: the trainer's
+      `ModelServers.for_batcher` pauses each server in the mode that keeps its requests (vLLM
+      `keep`, SGLang `retract`) and they finish under the new weights, labelled with both
+      versions; a pause (an operator's, or a sync hand-out whose episodes live on) lets the
+      turns in flight finish and holds each episode before its next turn. `abort`: the
+      old behaviour: updates abort the turns in flight and pauses close them; they are sent
+      again from scratch.
+    - `sync_carry_over: false` (the default): sync mode stays on-policy: the episodes a step
+      leaves unfinished expire when the next version is published. `true`: they carry over
+      into the next step (once), as slime's `--partial-rollout`; their turns keep the
+      version that generated them. No effect in async mode, whose staleness bound already
+      lets episodes span versions.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    in_flight: Literal["keep", "abort"] = Field(
+        default="keep", description="generation in flight at a weight update or a pause: "
+        "keep (paused and continued, never sent again) or abort (sent again from scratch)")
+    sync_carry_over: bool = Field(
+        default=False, description="sync mode: a step's unfinished episodes carry over into "
+        "the next step instead of expiring (their old-version turns keep their version)")
+
+
+class _PartialRolloutField(BaseModel):
+    """The `partial_rollout` block every policy type takes."""
+
+    partial_rollout: PartialRollout = Field(
+        default_factory=PartialRollout, description="generation in flight at weight updates "
+        "and pauses; sync carry-over (schemas.policy.PartialRollout)")
+
+
+class RandomPolicyConfig(_PartialRolloutField):
     """Uniform random actions; `latency_s` waits per action as a model server would."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -48,7 +84,7 @@ class RandomPolicyConfig(BaseModel):
     )
 
 
-class OpenAIPolicyConfig(BaseModel):
+class OpenAIPolicyConfig(_PartialRolloutField):
     """An LLM served by OpenAI-compatible servers. The API key is read from the environment
     variable `api_key_env` names; the key itself never enters the config."""
 
@@ -81,6 +117,11 @@ class OpenAIPolicyConfig(BaseModel):
     require_version: bool = Field(
         default=False, description="send a turn only to a server whose weight version is "
         "within the run's staleness bound; wait otherwise")
+    tokenizer: str | None = Field(
+        default=None, min_length=1, description="token-in/token-out: a Hugging Face tokenizer "
+        "folder (tokenizer.json, tokenizer_config.json with the chat template) or name; the "
+        "producers apply the chat template, send token-id prompts to /v1/completions and "
+        "extend each turn with the sampled ids (producers.llm.tito; the tito extra)")
 
     @model_validator(mode="before")
     @classmethod
@@ -164,6 +205,7 @@ _OWN_BODY_FIELDS = {
     "model": "model", "messages": "", "temperature": "temperature", "top_p": "top_p",
     "top_k": "top_k", "max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
     "seed": "", "logprobs": "", "return_token_ids": "", "stream": "", "n": "",
+    "prompt": "tokenizer",
 }
 
 
@@ -185,7 +227,7 @@ def _check_base_url(url: str) -> str:
     return url.rstrip("/")
 
 
-class PythonPolicyConfig(BaseModel):
+class PythonPolicyConfig(_PartialRolloutField):
     """A user's policy: `entrypoint` is `package.module:factory` or `path/to/file.py:factory`
     (a relative file is resolved against the config file's folder); every other key of the
     block is passed to the factory as a keyword argument."""

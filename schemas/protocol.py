@@ -6,6 +6,11 @@ With T episodes per env per step and ratio r (`async_generation_ratio`):
 - it is expired once `version - create(k) > r`: members abandon it, the batcher drops it.
 A trajectory started at version v0 was admitted, so `create(k) <= v0`; delivered unexpired at
 version v, its staleness `v - v0 <= v - create(k) <= r`.
+
+Carry-over (`carry` c, 1 only in sync mode with `policy.partial_rollout.sync_carry_over`):
+admission is unchanged, and an episode expires only once `version - create(k) > r + c`: a
+step's unfinished episodes live on through the next step (once), as slime's
+`--partial-rollout` carries unfinished samples, so staleness `v - v0 <= r + c`.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ class Schedule:
 
     episodes_per_step: int
     ratio: int
+    carry: int = 0  # steps an episode may outlive its own (sync carry-over: 1)
 
     def create_step(self, k: int) -> int:
         return max(0, k // self.episodes_per_step - self.ratio)
@@ -26,12 +32,18 @@ class Schedule:
     def admitted(self, k: int, version: int) -> bool:
         return k < (version + 1 + self.ratio) * self.episodes_per_step
 
+    @property
+    def bound(self) -> int:
+        """The staleness a delivered trajectory may have: `ratio + carry`."""
+        return self.ratio + self.carry
+
     def expired(self, k: int, version: int) -> bool:
-        return version - self.create_step(k) > self.ratio
+        return version - self.create_step(k) > self.ratio + self.carry
 
     def first_live(self, version: int) -> int:
         """The smallest k that is not expired at `version`."""
-        return version * self.episodes_per_step if version > self.ratio else 0
+        bound = self.ratio + self.carry
+        return (version - self.carry) * self.episodes_per_step if version > bound else 0
 
     def admit_limit(self, version: int) -> int:
         """One past the largest k admitted at `version`."""

@@ -88,6 +88,8 @@ class ProducerRecord:
     recent_stalls: int = 0  # of those, since the previous record
     recent_stall_longest_s: float = 0.0
     recent_stall_where: str = ""  # where the loop's thread was in the last of them
+    tokens_discarded: dict[str, int] = field(default_factory=dict)  # generated tokens thrown
+    # away by reason (aborted, abandoned, failed, stopped), since the process started
 
     def encode(self) -> bytes:
         return pack(asdict(self))

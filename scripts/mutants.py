@@ -37,6 +37,10 @@ GEN = "tests/test_generation_control.py"
 CONN = "tests/test_redisconn.py"
 DEPLOY = "tests/test_deployments.py"
 FILTERS = "tests/test_group_filters.py"
+TOOLS = "tests/test_tools.py"
+PARTIAL = "tests/test_partial_rollout.py"
+PROVENANCE = "tests/test_token_provenance.py"
+TITO = "tests/test_tito.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -99,14 +103,14 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "batcher-is-stale", "consumer/assembly.py",
-        "return schedule.expired(k, version) or version - version_start > schedule.ratio",
+        "return schedule.expired(k, version) or version - version_start > schedule.bound",
         "return False",
         "Assembly._is_stale: a trajectory that arrives expired or too stale is dropped",
         (f"{GUARDS}::test_the_batcher_drops_trajectories_that_arrive_already_stale",),
     ),
     Mutant(
         "batcher-staleness-bound", "consumer/assembly.py",
-        "return schedule.expired(k, version) or version - version_start > schedule.ratio",
+        "return schedule.expired(k, version) or version - version_start > schedule.bound",
         "return schedule.expired(k, version)",
         "Assembly._is_stale's bound on version_start (staleness <= ratio at hand-out)",
         (f"{GUARDS}::test_the_batcher_drops_trajectories_that_arrive_already_stale",),
@@ -273,7 +277,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "openai-no-half-turn", "producers/policies/openai.py",
-        "            del messages[-1]\n",
+        "            del messages[asked - 1:]\n",
         "            pass  # (mutant) the half turn stays\n",
         "a turn cut short or aborted leaves no user message behind in the conversation",
         (f"{GEN}::test_an_operator_pause_closes_turns_that_are_sent_again_after_it",
@@ -848,9 +852,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "pool-checks-the-choice", "producers/llm/pool.py",
-        "            if not isinstance(choice, dict) or not isinstance(choice.get(\"message\"), "
-        "dict):\n",
-        "            if False:\n",
+        "            if not isinstance(choice, dict) or not (\n",
+        "            if False and (\n",
         "a 200 whose choice is no message fails the episode naming the server",
         ("tests/test_llm_pool.py::test_a_200_that_is_no_completion_fails_the_episode_naming_the_"
          "server",),
@@ -992,7 +995,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "group-filter-acks-and-deletes", "consumer/assembly.py",
-        "            self.drop_groups(state, filtered, counter=None)\n",
+        "            self.drop_groups(state, filtered, counter=None, tokens=\"filtered\")\n",
         "            for slot in filtered:\n                state.finish(slot)\n",
         "a filtered group's entries are acked and deleted at once, not left pending",
         (f"{FILTERS}::test_groups_whose_rewards_all_agree_are_filtered_counted_and_deleted",),
@@ -1026,6 +1029,156 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return bool(verdict)\n",
         "a filter answering something but True, False or None stops the run in one line",
         (f"{FILTERS}::test_a_filter_that_raises_or_answers_garbage_stops_get_batch_in_one_line",),
+    ),
+    # partial rollouts (policy.partial_rollout; tests/test_partial_rollout.py)
+    Mutant(
+        "sync-carry-by-default", "schemas/config.py",
+        "return int(self.is_sync and self.policy.partial_rollout.sync_carry_over)",
+        "return int(self.is_sync)",
+        "sync mode stays on-policy by default: the carry-over only when asked for",
+        (f"{PARTIAL}::test_sync_stays_on_policy_unless_the_carry_over_is_asked_for[False]",),
+    ),
+    Mutant(
+        "sync-carry-stale", "consumer/assembly.py",
+        "or version - version_start > schedule.bound",
+        "or version - version_start > schedule.ratio",
+        "a carried-over trajectory (started a version back) is not dropped as stale",
+        (f"{PARTIAL}::test_sync_stays_on_policy_unless_the_carry_over_is_asked_for[True]",),
+    ),
+    Mutant(
+        "kept-turn-cut", "producers/partial.py",
+        "return SYNC in paused and not self.sync_survives",
+        "return True",
+        "a kept turn is never doubled: a pause that keeps turns does not close them (they "
+        "would be sent again)",
+        (f"{PARTIAL}::test_an_operator_pause_lets_turns_in_flight_finish",
+         f"{PARTIAL}::test_sync_stays_on_policy_unless_the_carry_over_is_asked_for[True]"),
+    ),
+    Mutant(
+        "kept-update-aborts", "consumer/partial.py",
+        'KEEPING = {"vllm": "keep", "sglang": "retract"}',
+        'KEEPING = {"vllm": "abort"}',
+        "a kept turn is never doubled: an update with in_flight keep pauses in a keeping mode",
+        (f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again"
+         "[keep-vllm]",
+         f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again"
+         "[keep-sglang]"),
+    ),
+    Mutant(
+        "kept-turn-lost-weights", "producers/llm/pool.py",
+        "lost = labels[-1][0] if labels and not labels[-1][0].isdigit() else None",
+        "lost = next((lb for lb, _, _ in labels if not lb.isdigit()), None)",
+        "a kept turn is never doubled: one that began on the launch weights is not taken for "
+        "a server that lost its weights (set aside, the turn sent again)",
+        (f"{PARTIAL}::test_a_turn_kept_through_the_first_update_is_used_not_sent_again",),
+    ),
+    Mutant(
+        "kept-turn-launch-label", "producers/llm/chat.py",
+        'labels = [(label if label.isdigit() else "0", start, end)',
+        'labels = [(label, start, end)',
+        "a turn kept from the launch weights into version 1 is labelled 0 (its oldest token), "
+        "not with the version recorded when it answered",
+        (f"{PARTIAL}::test_a_turn_kept_through_the_first_update_is_used_not_sent_again",),
+    ),
+    Mutant(
+        "replay-compares-reward", "rollstream/replay.py",
+        '            if not same(step["reward"], float(reward)):\n',
+        "            if False:\n",
+        "replay reports a recorded reward the env does not give again (exit 1)",
+        ("tests/test_store.py::test_a_replayed_sokoban_run_is_identical_and_a_tampered_one_differs",),
+    ),
+    Mutant(
+        "replay-compares-exactly", "rollstream/replay.py",
+        "    return _equal(recorded, unpack(pack(replayed)))\n",
+        "    return True\n",
+        "replay's comparison of a recorded and a replayed observation or reward",
+        ("tests/test_store.py::test_a_replayed_sokoban_run_is_identical_and_a_tampered_one_differs",),
+    ),
+    Mutant(
+        "store-write-atomic", "consumer/store.py",
+        '    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")\n',
+        "    tmp = final\n",
+        "a batch file is written under a hidden temporary name and linked into place: a crash "
+        "mid-write leaves no partial batch file",
+        ("tests/test_store.py::test_a_crash_mid_write_leaves_no_partial_batch_file",),
+    ),
+    Mutant(
+        "token-version-spans", "consumer/batch.py",
+        "            out[int(start):int(end)] = int(version)",
+        "            pass  # (mutant) every token labelled with the turn's oldest version",
+        "per-token versions: each token of a turn kept through an update carries the version "
+        "of the span that sampled it",
+        (f"{PROVENANCE}::test_trajectory_tokens_line_up_turns_versions_rewards_and_logprobs",
+         f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again"),
+    ),
+    Mutant(
+        "oldest-token-staleness", "producers/rollout.py",
+        '"version_start": min(map(_oldest, steps)) if steps else control.version,',
+        '"version_start": max(map(_newest, steps)) if steps else control.version,',
+        "the staleness bound counts a trajectory's oldest token, not its newest",
+        (f"{PROVENANCE}::test_the_staleness_bound_counts_a_trajectorys_oldest_token",),
+    ),
+    Mutant(
+        "mid-turn-version-newest", "producers/llm/pool.py",
+        "version = end if version is None or end is None else min(version, end)",
+        "version = end",
+        "a full-weights turn updated mid-turn (no spans) is never labelled with the newer "
+        "weights alone",
+        (f"{PROVENANCE}::test_a_full_weights_turn_updated_mid_turn_records_both_ends",),
+    ),
+    Mutant(
+        "discarded-tokens-expired", "consumer/assembly.py",
+        'self.drop_groups(state, stale, counter="scheduler/stale_dropped", tokens="stale")',
+        'self.drop_groups(state, stale, counter="scheduler/stale_dropped")',
+        "the generated tokens of a group expired at a publish are counted as discarded",
+        (f"{PROVENANCE}::test_a_held_group_expired_by_a_publish_counts_its_tokens",),
+    ),
+    Mutant(
+        "tito-extends-sampled", "producers/llm/tito.py",
+        "        return extend(template, state.prompt, state.sampled, messages[state.covered:])\n",
+        "        return template.prompt_ids(messages)\n",
+        "token-in/token-out: a next turn extends the previous prompt and sampled ids, never a "
+        "re-rendering (a Qwen3-style template rewrites earlier turns)",
+        (f"{TITO}::test_thinking_template_turns_extend_what_was_sampled",),
+    ),
+    Mutant(
+        "tito-close-overlap", "producers/llm/tito.py",
+        "            overlap = k\n",
+        "            overlap = 0\n",
+        "the template's close of a reply is not doubled when the sampled ids end with it",
+        (f"{TITO}::test_chatml_turns_are_the_rendered_conversation",),
+    ),
+    Mutant(
+        "tito-close-added", "producers/llm/tito.py",
+        "[*prompt, *sampled, *close[overlap:], *template.suffix_ids(new_messages)]",
+        "[*prompt, *sampled, *template.suffix_ids(new_messages)]",
+        "a reply without its end-of-turn token (llama-server's OpenAI ids, a cut reply) is "
+        "closed as the template closes it",
+        (f"{TITO}::test_a_reply_without_its_end_token_is_closed_by_the_template",),
+    ),
+    Mutant(
+        "tito-same-conversation", "producers/llm/tito.py",
+        "if (state is not None and state.messages is messages and",
+        "if (state is not None and",
+        "only the same conversation is extended: a step manager's fresh prompt is encoded "
+        "afresh",
+        (f"{TITO}::test_a_fresh_message_list_is_encoded_afresh",),
+    ),
+    Mutant(
+        "tito-server-ids", "producers/llm/tito.py",
+        '    response_ids = choice.get("token_ids")\n    if response_ids is None:\n'
+        '        response_ids = choice.get("response_token_ids")\n',
+        "    response_ids = None\n",
+        "a reply's ids are the server's where it gives them (the tokenizer's only otherwise)",
+        (f"{TITO}::test_reply_ids_from_the_server_else_the_tokenizer",
+         f"{TITO}::test_a_run_token_in_token_out_through_the_stand_in"),
+    ),
+    Mutant(
+        "tito-llama-native", "producers/llm/servers.py",
+        "        if self.dialect is LLAMA_SERVER:\n            root = ",
+        "        if False:\n            root = ",
+        "llama-server gets token-id prompts at its own /completion (exact ids in `tokens`)",
+        (f"{TITO}::test_a_run_token_in_token_out_through_the_stand_in",),
     ),
     Mutant(
         "import-canary", "schemas/keys.py",
@@ -1061,6 +1214,78 @@ MUTANTS: tuple[Mutant, ...] = (
         "a fresh session, then its group fails with the server's reason",
         ("tests/test_envs_openenv.py::"
          "test_a_server_that_stays_down_fails_the_group_after_the_bounded_replays",),
+    ),
+    Mutant(
+        "tools-call-cap", "producers/tools/loop.py",
+        "            run, over = parsed.calls[:cap], parsed.calls[cap:]\n",
+        "            run, over = parsed.calls, []\n",
+        "a reply's tool calls run only up to max_calls_per_turn; the rest are answered not run",
+        (f"{TOOLS}::test_several_calls_in_one_turn_run_up_to_the_cap",),
+    ),
+    Mutant(
+        "tools-no-half-turn", "producers/policies/openai.py",
+        "            del messages[asked - 1:]\n",
+        "            del messages[-1]\n",
+        "a turn that fails between tool rounds leaves none of its messages behind",
+        (f"{TOOLS}::test_a_turn_that_fails_between_tool_rounds_leaves_no_half_turn",),
+    ),
+    Mutant(
+        "tools-malformed-counted", "producers/tools/loop.py",
+        "                malformed += len(parsed.malformed)\n",
+        "                pass\n",
+        "a malformed tool call is counted on its step (tools/malformed per batch)",
+        (f"{TOOLS}::test_a_malformed_call_ends_the_turn_counted_and_first_logged",),
+    ),
+    Mutant(
+        "tools-sandbox-parallel", "producers/tools/loop.py",
+        "            async with slots:\n",
+        "            if slots:\n",
+        "a tag's python sandboxes run at most python.max_parallel at once in a producer",
+        (f"{TOOLS}::test_a_tags_sandboxes_run_at_most_max_parallel_at_once",),
+    ),
+    Mutant(
+        "sandbox-killed-when-cut-short", "producers/tools/sandbox.py",
+        "            if proc.returncode is None:\n                _kill(proc)\n"
+        "            returncode: int | None\n",
+        "            returncode: int | None\n",
+        "a tool call cut short (timeout, a cancelled turn) kills its program",
+        (f"{TOOLS}::test_a_call_cut_short_kills_its_program",
+         f"{TOOLS}::test_a_sleeping_program_is_killed_at_its_timeout"),
+    ),
+    Mutant(
+        "sandbox-cpu-limit", "producers/tools/sandbox.py",
+        '    "r.setrlimit(r.RLIMIT_CPU, (cpu, cpu + 1))\\n"\n',
+        "",
+        "the python tool's CPU-time limit kills an infinite loop",
+        (f"{TOOLS}::test_an_infinite_loop_is_killed_by_its_cpu_limit",),
+    ),
+    Mutant(
+        "sandbox-memory-limit", "producers/tools/sandbox.py",
+        '    "r.setrlimit(r.RLIMIT_AS, (memory, memory))\\n"\n',
+        "",
+        "the python tool's memory limit stops a memory hog",
+        (f"{TOOLS}::test_a_memory_hog_gets_a_memory_error",),
+    ),
+    Mutant(
+        "sandbox-output-cap", "producers/tools/sandbox.py",
+        '            return bytes(out[:cap]), "output_limit"\n',
+        '            return bytes(out), "output_limit"\n',
+        "the python tool's output is cut at output_bytes",
+        (f"{TOOLS}::test_output_is_capped_and_the_writer_killed",),
+    ),
+    Mutant(
+        "sandbox-no-network", "producers/tools/sandbox.py",
+        '            argv = ["unshare", *UNSHARE_ARGS, *argv]\n',
+        "            pass\n",
+        "the python tool runs in a network namespace of its own: connects fail",
+        (f"{TOOLS}::test_the_sandbox_has_no_network",),
+    ),
+    Mutant(
+        "sandbox-own-environment", "producers/tools/sandbox.py",
+        "            *argv, cwd=work, env=env,",
+        "            *argv, cwd=work, env=None,",
+        "none of the producer's environment variables (API keys) reach the python tool",
+        (f"{TOOLS}::test_each_call_gets_a_fresh_directory_and_none_of_our_environment",),
     ),
 )
 

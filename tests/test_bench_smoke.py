@@ -38,6 +38,12 @@ def test_bench_pipeline_prints_a_ratio():
     assert "cores busy" in out and "0.8x needs" in out, out
 
 
+def test_bench_pipeline_compares_recording():
+    out = bench("bench/bench_pipeline.py", "--seconds", "2", "--producers", "1",
+                "--warmup-batches", "1", "--record", "both")
+    assert "record on / off:" in out and "bytes of Parquet per trajectory" in out, out
+
+
 def test_bench_handoff_prints_percentiles():
     out = bench("bench/bench_handoff.py", "--batches", "2", "--producers", "1")
     assert "hand-off, batch 1024" in out and "p99" in out, out
@@ -94,3 +100,15 @@ def test_bench_openenv_prints_cpu_per_remote_step_and_many_envs():
                 "--seconds", "0.5")
     assert "us per remote step" in out and "remote/local" in out, out
     assert "20 remote envs on one producer" in out and "sessions open" in out, out
+
+
+def test_bench_tools_prints_cpu_per_call_and_sandbox_start_cost():
+    out = bench("bench/bench_tools.py", "--episodes", "8", "--calls", "3", "--concurrency", "4")
+    assert "| python tool (sandbox) | 8 |" in out and "| bare python -I -c pass |" in out, out
+
+
+def test_bench_partial_prints_the_discarded_tokens_ratios():
+    out = bench("bench/bench_partial.py", "--steps", "1", "--groups", "2", "--latency-s",
+                "0.005", "--load-time-s", "0.02")
+    assert "| async, in_flight keep |" in out and "keep / abort:" in out, out
+    assert "carry-over / on-policy:" in out and "an update holds generation" in out, out

@@ -240,7 +240,8 @@ def test_reset_ends_a_waiting_trainer_and_the_run_stays_gone(r, run, redis_url, 
 def test_reset_refuses_while_a_trainer_that_does_not_wait_is_alive(r, run, redis_url,
                                                                    producer_thread):
     config = small_config()
-    batcher = Batcher(r, config, run=run)
+    # reset waits out a live trainer's key for its ttl before it refuses: a short one
+    batcher = Batcher(r, config, run=run, alive_ttl_ms=1500)
     producer_thread()
     batcher.get_batch("train", timeout_s=30)  # and now it trains, its liveness key fresh
     out = cli("reset", "--yes", "--redis-url", redis_url, "--run", run)

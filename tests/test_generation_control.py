@@ -86,9 +86,10 @@ def test_a_sync_pause_closes_generations_and_nothing_runs_until_the_publish(
 
 def test_an_operator_pause_closes_turns_that_are_sent_again_after_it(
         fake_llm, producer_thread, r: redis.Redis, run: str) -> None:
+    """`partial_rollout.in_flight: abort` (the default, keep: tests/test_partial_rollout.py)."""
     server = fake_llm(latency_s=0.002)
     server.hold()
-    config = lake_config([server.base_url])
+    config = lake_config([server.base_url], partial_rollout={"in_flight": "abort"})
     batcher = Batcher(r, config, run=run)
     producer_thread()
     wait_for(lambda: server.stats["held"] == 16, what="every env's first turn held")
@@ -161,8 +162,9 @@ def test_sglang_updates_while_producers_run(fake_llm, producer_thread, r: redis.
     # are in flight when the hold starts (ROLL's lake is often solved in one or two moves)
     server = fake_llm(flavor="sglang", latency_s=0.003, load_time_s=0.05, p_good=0.3,
                       malformed_share=1.0)
-    batcher = Batcher(r, lake_config([server.base_url], ratio=1), run=run)
-    servers = ModelServers.for_batcher(batcher, "sglang")
+    batcher = Batcher(r, lake_config([server.base_url], ratio=1,  # (the default, keep:
+                                     partial_rollout={"in_flight": "abort"}), run=run)
+    servers = ModelServers.for_batcher(batcher, "sglang")  # tests/test_partial_rollout.py)
     producer_thread()
     batches = run_steps(batcher, servers, 1)
 

@@ -287,7 +287,7 @@ def hand_out_then_die(r, run: str) -> list[str]:
     """A trainer gets group 1's episode 0 while group 0's episode 0 is complete and pending
     too (read in the same read, not handed out), then dies before ack."""
     keys = Keys(run)
-    trainer = Batcher(r, batcher_config(), run=run, consumer="trainer")
+    trainer = Batcher(r, batcher_config(), run=run, consumer="trainer", alive_ttl_ms=1000)
     add_trajectory(r, keys, "train", 1, 0, 0, group_size=4)  # group 1 is seen first
     with pytest.raises(BatchTimeout):
         trainer.get_batch(n=4, timeout_s=0.3)
@@ -304,11 +304,14 @@ def test_a_restarted_batcher_hands_out_its_batch_in_flight_first(r, run, other_r
     # (read first from its pending list); with it, it must return the very same batch
     hand_out_then_die(r, other_run)
     r.delete(Keys(other_run).inflight("train", "trainer"))
-    without_record = Batcher(r, batcher_config(), run=other_run, consumer="trainer")
+    # (a short ttl: each restart waits out its previous life's key, as a restarted process
+    # within the ttl does)
+    without_record = Batcher(r, batcher_config(), run=other_run, consumer="trainer",
+                             alive_ttl_ms=1000)
     assert set(without_record.get_batch(n=4, timeout_s=5).traj_group_ids) == {"train-0-0"}
 
     in_flight = hand_out_then_die(r, run)
-    restarted = Batcher(r, batcher_config(), run=run, consumer="trainer")
+    restarted = Batcher(r, batcher_config(), run=run, consumer="trainer", alive_ttl_ms=1000)
     again = restarted.get_batch(n=4, timeout_s=5)
     assert again.traj_ids == in_flight
     restarted.ack(again)

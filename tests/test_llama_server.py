@@ -225,7 +225,7 @@ def assert_same(got, want, where: str = "answer") -> None:
             assert_same(got[key], want[key], f"{where}.{key}")
     elif isinstance(want, list):
         assert isinstance(got, list) and len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want)):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert_same(g, w, f"{where}[{i}]")
     else:
         assert got == want, where

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -180,11 +181,14 @@ def test_up_exits_130_on_ctrl_c_even_when_sigint_was_ignored_at_start(run):
 
 
 @pytest.mark.slow
-def test_up_exits_1_when_a_producer_dies(r, run, redis_url):
+def test_up_exits_1_when_a_producer_dies(r, run, redis_url, tmp_path):
     # a producer killed mid-run: the other takes its shards and the steps complete, but the
-    # run is not reported clean
+    # run is not reported clean (a 2 s lease ttl: the survivor claims the shards sooner)
+    config = tmp_path / "async.yaml"
+    config.write_text((Path(ROOT) / "configs/frozenlake_async.yaml").read_text()
+                      + "lease_ttl_s: 2\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rollstream", "up", "--config", "configs/frozenlake_async.yaml",
+        [sys.executable, "-m", "rollstream", "up", "--config", str(config),
          "--redis-url", redis_url, "--run", run, "--producers", "2", "--steps", "6",
          "--train-step-s", "0.3"], cwd=ROOT, env=clean_env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

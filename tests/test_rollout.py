@@ -195,12 +195,13 @@ def test_acked_entries_leave_the_streams(r, run, producer_thread):
 
 def test_restarted_batcher_gets_the_same_batch_again(r, run, producer_thread):
     config = small_config(rollout_batch_size=8, async_generation_ratio=1)
-    batcher = Batcher(r, config, run=run)
+    # a short ttl: the restart waits out its previous life's key (its process died within it)
+    batcher = Batcher(r, config, run=run, alive_ttl_ms=1000)
     producer_thread()
     first = batcher.get_batch("train", timeout_s=20)
     time.sleep(0.5)  # more groups complete meanwhile
     del batcher  # the trainer dies before ack
-    again = Batcher(r, config, run=run).get_batch("train", timeout_s=20)
+    again = Batcher(r, config, run=run, alive_ttl_ms=1000).get_batch("train", timeout_s=20)
     assert again.traj_ids == first.traj_ids
 
 

@@ -147,6 +147,8 @@ def build_env(config: RolloutConfig, tag: str) -> gym.Env:
     # the tag's templates, env manager and token budget, for LLM policies (StepContext.env
     # carries them)
     env.unwrapped.agent_prompt = prompt  # type: ignore[attr-defined]
+    if spec.tools is not None:  # the tag's tools (producers/tools/loop.py)
+        env.unwrapped.tool_spec = spec.tools  # type: ignore[attr-defined]
     return env
 
 

@@ -64,8 +64,8 @@ def shape(server: Server, body: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     if model is not None:
         out["model"] = model
     for key, value in adds.items():
-        if key == "top_logprobs" and (not out.get("logprobs") or key in out):
-            continue  # only with logprobs, and never over the policy's own choice
+        if key == "top_logprobs" and (not out.get("logprobs") or key in out or "prompt" in out):
+            continue  # only with chat logprobs, and never over the policy's own choice
         out[key] = value
     return out, orjson.dumps(out)
 
@@ -97,14 +97,16 @@ def drop(server: Server, fields: list[str], status: int, message: str) -> None:
 def learn(server: Server, sent: dict[str, Any], data: dict[str, Any]) -> None:
     """What a completed answer tells of its server (called while `server.learning`)."""
     choice = data["choices"][0]
-    if choice.get("finish_reason") == "abort" or not (choice.get("message") or {}).get(
-            "content"):
+    if choice.get("finish_reason") == "abort" or not ((choice.get("message") or {}).get(
+            "content") or choice.get("text")):
         return  # an empty or aborted turn tells nothing
     if "return_weight_versions" in sent and "weight_versions" not in choice:
         server.adds.pop("return_weight_versions", None)  # vLLM 0.10.2: not a field it knows
         logger.debug("model server %s gives no weight_versions: not asked again",
                      server.base_url)
     content = (choice.get("logprobs") or {}).get("content")
+    if content is None:  # a completion (token-in/token-out): the legacy logprobs
+        content = (choice.get("logprobs") or {}).get("token_logprobs")
     if "ids" not in server.said and "return_token_ids" in sent:
         has_ids = (choice.get("token_ids") is not None
                    or choice.get("response_token_ids") is not None
@@ -119,7 +121,8 @@ def learn(server: Server, sent: dict[str, Any], data: dict[str, Any]) -> None:
     if "logprobs" not in server.said and "logprobs" in sent:
         if content:
             server.said.add("logprobs")
-        elif "top_logprobs" not in sent and "top_logprobs" not in server.dropped:
+        elif ("top_logprobs" not in sent and "top_logprobs" not in server.dropped
+              and "prompt" not in sent):
             server.adds["top_logprobs"] = 1  # llama-cpp-python: none without it
             logger.debug("model server %s gave no logprobs: asking with top_logprobs 1",
                          server.base_url)

@@ -91,6 +91,11 @@ def turn_from_answer(data: dict[str, Any]) -> Turn:
         finish_reason=choice.get("finish_reason"),
     )
     labels = weight_labels(data)
+    if len(labels) > 1 and labels[-1][0].isdigit():  # kept through an update that found the
+        # server at its launch weights ("default"): those are the run's version 0 (a
+        # restarted server's newest label is not a number: the pool never gets here)
+        labels = [(label if label.isdigit() else "0", start, end)
+                  for label, start, end in labels]
     if labels and all(label.isdigit() for label, _, _ in labels):
         turn.version, turn.version_source = min(int(label) for label, _, _ in labels), "server"
         if len({label for label, _, _ in labels}) > 1:

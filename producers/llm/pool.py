@@ -59,8 +59,8 @@ import aiohttp
 import orjson
 
 from producers import metrics
-from producers.llm import adapt
-from producers.llm.dialects import context_limit, identify
+from producers.llm import adapt, tito
+from producers.llm.dialects import LLAMA_SERVER, context_limit, identify
 from producers.llm.replies import (
     TRANSIENT_4XX,
     Transient,
@@ -90,7 +90,9 @@ class Answer:
     latency_s: float  # of the attempt that answered
     attempts: int
     version: int | None = None  # the version recorded for what answered: the adapter's the
-    # request named (or the base model's), else the server's when it answered (None: none)
+    # request named (or the base model's), else the server's when it was sent (None: none)
+    version_end: int | None = None  # full weights: the server's when it answered (differs
+    # from `version` when an update landed mid-turn: the turn records both ends)
 
 
 class ServerPool:
@@ -274,7 +276,8 @@ class ServerPool:
                    min_version: int | None = None) -> Answer:
         """POST `body` (a request dict, or its JSON) to `/chat/completions`, shaped for the
         server it goes to (`producers.llm.adapt`; see the module docstring for the retries),
-        to a server holding at least `min_version` when given."""
+        to a server holding at least `min_version` when given. A body with a `prompt` (a
+        token-id prompt, `producers.llm.tito`) goes to `/completions` instead."""
         assert self._slots is not None
         if isinstance(body, bytes | bytearray):
             body = orjson.loads(body)
@@ -293,7 +296,8 @@ class ServerPool:
                     attempts += 1
                     before = answered.setdefault(server.base_url, server.served)
                     try:
-                        data, latency_s, version = await self._post(server, body)
+                        data, latency_s, version, version_end = await self._post(server,
+                                                                                 body)
                     except Transient as exc:
                         if exc.status in (500, 502) and (server.served > before
                                                          or await self._healthy(server, exc)):
@@ -308,7 +312,7 @@ class ServerPool:
                         continue
                     self._servers.mark_up(server)
                     server.served += 1
-                    return Answer(data, server, latency_s, attempts, version)
+                    return Answer(data, server, latency_s, attempts, version, version_end)
             except BaseException:
                 if probe:
                     server.probing = False  # cancelled or refused while trying it
@@ -338,18 +342,23 @@ class ServerPool:
                              f"{server.base_url}, {exc}): a request they cannot serve")
 
     async def _post(self, server: Server, body: dict[str, Any]
-                    ) -> tuple[dict[str, Any], float, int | None]:
-        """One attempt: (answer, latency, recorded version); `Transient`, `ContextFull` or
-        `EpisodeFailed` on failure. A field the server refuses is dropped for it and the
-        request sent again at once."""
+                    ) -> tuple[dict[str, Any], float, int | None, int | None]:
+        """One attempt: (answer, latency, recorded version at send and at answer);
+        `Transient`, `ContextFull` or `EpisodeFailed` on failure. A field the server
+        refuses is dropped for it and the request sent again at once."""
         assert self._session is not None
         model, version = server.model, server.version  # an adapter fixes its version now
         reports = server.reports
         sent, payload = adapt.shape(server, body)
+        url = server.chat_url
+        if "prompt" in body:  # token-in/token-out
+            url = server.completions_url
+            if server.dialect is LLAMA_SERVER:
+                sent, payload = tito.llama_native(sent)
         server.inflight += 1
         t0 = time.perf_counter()
         try:
-            async with self._session.post(server.chat_url, data=payload,
+            async with self._session.post(url, data=payload,
                                           headers=self._headers) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -387,18 +396,22 @@ class ServerPool:
                                 f"(HTTP {status}): {error_text(raw)}")
         try:
             data = orjson.loads(raw)
+            if "return_tokens" in sent and isinstance(data, dict):
+                data = tito.from_llama_native(data)
             if not isinstance(data, dict) or not data.get("choices"):
                 raise ValueError("no choices")
             choice = data["choices"][0]
-            if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            if not isinstance(choice, dict) or not (
+                    isinstance(choice.get("message"), dict) or isinstance(choice.get("text"), str)):
                 raise ValueError("choices[0] holds no message")
         except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
             metrics.llm_error(server.base_url, "bad_reply")
             raise EpisodeFailed(f"model server {server.base_url} answered HTTP {status} "
                                 f"without a completion ({exc})") from None
         if reports and model is None and version is not None:
-            lost = next((label for label, _, _ in weight_labels(data) if not label.isdigit()),
-                        None)
+            labels = weight_labels(data)  # the newest span: what it holds now (a turn kept
+            # through the first update began under its launch weights, "default")
+            lost = labels[-1][0] if labels and not labels[-1][0].isdigit() else None
             if lost is not None:  # not a version we loaded: its launch weights
                 metrics.llm_error(server.base_url, "lost_weights")
                 raise Transient(f"it answers with weight_version {lost!r} where version "
@@ -410,9 +423,12 @@ class ServerPool:
             self._servers.mark_up(server)
             adapt.check_cut(server, sent, data)
         metrics.llm_request(server.base_url, latency_s)
-        if model is None and server.model is None:  # full weights: what it holds now
-            version = server.version
-        return data, latency_s, version  # else the version of the model the request named
+        end = version  # else the version of the model the request named
+        if model is None and server.model is None:  # full weights: what it held at send
+            # and holds now; never labelled with the newer alone (its first tokens are older)
+            end = server.version
+            version = end if version is None or end is None else min(version, end)
+        return data, latency_s, version, end
 
     async def _after_failure(self, server: Server, probe: bool, tries: int,
                              exc: Transient, min_version: int | None) -> tuple[Server, int]:

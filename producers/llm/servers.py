@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.llm.dialects import OTHER, Dialect
+from producers.llm.dialects import LLAMA_SERVER, OTHER, Dialect
 from producers.llm.replies import Transient
 from schemas.errors import PolicyError
 from schemas.policy import ServerRecord
@@ -72,6 +72,15 @@ class Server:
     @property
     def chat_url(self) -> str:
         return f"{self.base_url}/chat/completions"
+
+    @property
+    def completions_url(self) -> str:
+        """Where token-id prompts go (producers.llm.tito): `/completions`, and llama-server's
+        own `/completion` beside its `/v1` (its OpenAI one gives no exact ids)."""
+        if self.dialect is LLAMA_SERVER:
+            root = self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+            return f"{root}/completion"
+        return f"{self.base_url}/completions"
 
     @property
     def models_url(self) -> str:

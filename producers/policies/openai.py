@@ -24,6 +24,10 @@ does. A turn the server aborted raises
 `TurnAborted` (the producer sends it again through its gate); a turn cut short leaves the
 conversation as it was.
 
+With `policy.tokenizer` the turns are token-in/token-out (`producers.llm.tito`): the
+producer applies the model's chat template, sends the prompt's ids to `/completions`, and
+extends each next turn with the ids the model sampled.
+
 The API key is read at `start()` from the environment variable `api_key_env` names and sent
 as `Authorization: Bearer`; it is never logged and never leaves the process otherwise.
 """
@@ -42,6 +46,7 @@ from redis.exceptions import RedisError
 from producers import metrics
 from producers.llm.sampling import for_turn
 from producers.policies.protocol import PolicyContext, StepContext, Turn
+from producers.tools.loop import ToolLoop, request_fields, tools_of
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
 from schemas.errors import PolicyError, TurnAborted
 from schemas.policy import OpenAIPolicyConfig, ServerRecord, read_server_record
@@ -84,6 +89,10 @@ class OpenAIPolicy:
         # server -> (first abort of the streak, aborts since, warned): its turns keep aborting
         self._aborting: dict[str, tuple[float, int, bool]] = {}
         self._merging: set[str] = set()  # servers warned about merged logprob entries
+        self._template: Any = None  # token-in/token-out: the model's chat template
+        self._tito: Any = None  # producers.llm.tito when policy.tokenizer is set
+        self._tools = ToolLoop()  # a tag's tool calls (producers/tools/loop.py)
+        self._tools_by_chat: set[str] = set()  # tags with tools said to go by chat requests
 
     async def start(self, context: PolicyContext | None = None) -> None:
         """Read the API key, open the HTTP session, check that a server serves the model,
@@ -95,6 +104,10 @@ class OpenAIPolicy:
             if not api_key:
                 raise PolicyError(f"policy.api_key_env: the environment variable "
                                   f"{config.api_key_env} is not set")
+        if config.tokenizer is not None and self._template is None:
+            from producers.llm import tito
+            from producers.llm.template import ChatTemplate
+            self._template, self._tito = ChatTemplate.load(config.tokenizer), tito
         threshold = gc.get_threshold()
         if threshold[0] < GC_GEN0_THRESHOLD:
             self._gc_threshold = threshold
@@ -152,29 +165,52 @@ class OpenAIPolicy:
         prompt: AgentPrompt = getattr(env, "agent_prompt", None) or _DEFAULT_PROMPT
         sampled = for_turn(config.sampling, ctx.mode, prompt.max_tokens_per_step)
         messages = chat.messages_for_turn(ctx, observation, prompt, sampled.max_response_length)
-        try:
-            body = chat.request_body(config.model, messages, sampling=sampled.fields(),
-                                     seed=chat.turn_seed(ctx), extra_body=config.extra_body)
-            min_version = self._min_version(ctx) if config.require_version else None
+        tools = tools_of(env)  # the tag's tools (producers/tools/loop.py)
+        extra_body = ({**config.extra_body, **request_fields(*tools)} if tools is not None
+                      else config.extra_body)
+        tito = self._tito if tools is None else self._chat_for_tools(ctx)
+        min_version = self._min_version(ctx) if config.require_version else None
+        asked = len(messages)
+        answered: list[Any] = []  # the pool's answer of the last reply
+        prompt_ids: list[list[int] | None] = [None]  # the last reply's prompt ids (tito)
+
+        async def generate() -> tuple[Turn, Any]:
+            """One reply to `messages` as they are now."""
+            ids = None
+            if tito is not None:  # token-in/token-out: the template applied here
+                ids = tito.prompt_ids(self._template, ctx.scratch, messages)
+            prompt_ids[0] = ids
+            body = self._body(messages, ids, sampled.fields(), ctx, extra_body)
             answer = await self.pool.chat(body, min_version=min_version)
             refit = sampled.refit(answer.data)  # ROLL's sequence_length (llm/sampling.py)
             if refit is not None:
-                body = chat.request_body(config.model, messages, sampling=sampled.fields(refit),
-                                         seed=chat.turn_seed(ctx), extra_body=config.extra_body)
+                body = self._body(messages, ids, sampled.fields(refit), ctx, extra_body)
                 answer = await self.pool.chat(body, min_version=min_version)
-            turn = chat.turn_from_answer(answer.data)
+            if ids is not None:
+                turn = tito.turn_from_completion(answer.data, ids, self._template)
+            else:
+                turn = chat.turn_from_answer(answer.data)
             if turn.logprobs is None:
                 self._merged(answer.server.base_url, answer.data)
             if turn.finish_reason == "abort":  # SGLang, while it loads new weights
                 self._aborted(answer.server.base_url)
-                raise TurnAborted(f"model server {answer.server.base_url} aborted it")
+                raise TurnAborted(f"model server {answer.server.base_url} aborted it",
+                                  0 if turn.response_ids is None
+                                  else len(turn.response_ids))
+            turn.server, turn.latency_s = answer.server.base_url, answer.latency_s
+            answered[:] = [answer]
+            return turn, answer.data
+
+        try:
+            turn, data = await generate()
+            if tools is not None:
+                turn = await self._tools.play(env, ctx, messages, turn, data, generate)
         except BaseException:  # cut short, aborted or failed: no half turn stays behind
-            del messages[-1]
+            del messages[asked - 1:]
             raise
-        turn.server = answer.server.base_url
-        turn.latency_s = answer.latency_s
+        answer = answered[0]
         if self._aborting:
-            self._aborting.pop(turn.server, None)
+            self._aborting.pop(answer.server.base_url, None)
         if (turn.version is not None and answer.version is None
                 and turn.version > ctx.version + 1 and self._context is not None):
             # reported by a server the run has no record of, and ahead of any version the run
@@ -184,12 +220,40 @@ class OpenAIPolicy:
         if turn.version is None:  # the server did not say: what was recorded, else ours
             if answer.version is not None:
                 turn.version, turn.version_source = answer.version, "recorded"
+                if answer.version_end is not None and answer.version_end != answer.version:
+                    # updated mid-turn and no per-token spans: which tokens came from which
+                    # weights is unknown; every token keeps the oldest, the end is recorded
+                    turn.extra["version_end"] = answer.version_end
             else:
                 turn.version, turn.version_source = ctx.version, "producer"
         messages.append({"role": "assistant", "content": turn.text})
+        ids = prompt_ids[0]
+        if ids is not None and tito is not None:  # the next turn extends these ids
+            tito.remember(ctx.scratch, messages, ids, turn.response_ids.tolist())
         parse = getattr(env, "parse_action", None)
         action = parse(turn.text) if parse is not None else None
         return (-1 if action is None else action), turn
+
+    def _body(self, messages: list[dict[str, str]], ids: list[int] | None,
+              sampling: dict[str, Any], ctx: StepContext,
+              extra_body: dict[str, Any]) -> dict[str, Any]:
+        """A turn's request: chat messages, or with `policy.tokenizer` the prompt's ids."""
+        config, seed = self.config, self._chat.turn_seed(ctx)
+        if ids is not None:
+            return self._tito.request_body(config.model, ids, sampling=sampling, seed=seed,
+                                           extra_body=extra_body)
+        return self._chat.request_body(config.model, messages, sampling=sampling, seed=seed,
+                                       extra_body=extra_body)
+
+    def _chat_for_tools(self, ctx: StepContext) -> None:
+        """A tag with tools goes by chat requests (the server's tool parser) even with
+        `policy.tokenizer`: token-exact tool rounds are not built yet. Said once per tag."""
+        if self._tito is not None and ctx.tag not in self._tools_by_chat:
+            self._tools_by_chat.add(ctx.tag)
+            logger.warning("tag %s has tools: its turns go as chat requests, not token-in/"
+                           "token-out (policy.tokenizer), so their ids are the server's",
+                           ctx.tag)
+        return None
 
     def _merged(self, server: str, data: dict[str, Any]) -> None:
         """One warning per server whose logprob entries do not match its tokens (see

@@ -13,6 +13,9 @@
     rollstream stop                            end a run: its producers exit
     rollstream reset [--yes]                   delete every key of a run
     rollstream ui [--port P] [--host H]        a live web page of a run (read-only)
+    rollstream export DIR [--out FILE]         a --record folder's trajectories as JSON lines
+    rollstream replay FILE_OR_DIR              re-step recorded trajectories' local envs;
+                                               exit 1 if a reward or observation differs
 
 Exit status: 0 ok, 1 a runtime failure (one line on stderr), 2 a bad command line or config.
 
@@ -24,6 +27,8 @@ The parts, each found by name:
     running.py    `up`, `up --trainer`, `train`, `produce` (the launcher is rollstream/launcher.py)
     operating.py  `pause`, `resume`, `stop`, `reset`, `status` (the view is rollstream/status/)
     ui.py         `ui` (the server and the page are rollstream/ui/)
+    store.py      `export`, `replay` (the store is consumer/store.py, the replay
+                  rollstream/replay.py)
 A new command: its arguments in parser.py, its function in the module of its group (or a new
 module for a new group), and one line in `COMMANDS` below.
 """
@@ -35,7 +40,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from rollstream.cli import config, operating, running, ui
+from rollstream.cli import config, operating, running, store, ui
 from rollstream.cli.errors import RUNTIME_FAILURES, UsageError
 from rollstream.cli.parser import build_parser, env_port
 from schemas.errors import ConfigError
@@ -58,6 +63,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {  # the parser's com
     "status": operating.status,
     "reset": operating.reset,
     "ui": ui.ui,
+    "export": store.export,
+    "replay": store.replay,
 }
 
 

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
         parser_.add_argument("--plot", default=None, metavar="PNG",
                              help="at the end, write throughput, batch wait and success "
                                   "curves to this PNG (needs the plot extra)")
+        parser_.add_argument("--record", default=None, metavar="DIR",
+                             help="keep every batch the trainer is handed in DIR as Parquet "
+                                  "(needs the store extra; read with export, replay)")
         _metrics_args(parser_, "the trainer's /metrics port" + (
             "; the producers up starts get P+1 .. P+N" if parser_ is up else ""))
     up.add_argument("--producers", type=_positive_int, default=None,
@@ -108,6 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"port to listen on (default {UI_PORT}; 0: any free port, printed)")
     ui.add_argument("--interval-s", type=_positive_float, default=1.0,
                     help="seconds between reads of the run (default 1)")
+    export = sub.add_parser("export", help="print the trajectories a --record folder holds")
+    export.add_argument("path", metavar="DIR", help="a --record folder or one of its files")
+    export.add_argument("--format", choices=["jsonl"], default="jsonl",
+                        help="jsonl: one trajectory a line, with its batch (default)")
+    export.add_argument("--out", default=None, metavar="FILE",
+                        help="write here instead of stdout")
+    replay = sub.add_parser("replay", help="re-step the local envs of recorded trajectories "
+                                           "with their actions and seeds; exit 1 if any "
+                                           "reward or observation differs")
+    replay.add_argument("path", metavar="FILE_OR_DIR",
+                        help="a --record folder or one of its files")
+    replay.add_argument("--max-report", type=_positive_int, default=20,
+                        help="differences printed at most (all are counted; default 20)")
     reset = sub.add_parser("reset", help="delete every key of a run (stops its producers "
                                           "first)")
     _redis_args(reset)

@@ -35,6 +35,8 @@ def up(args: argparse.Namespace) -> int:
         connect(url).close()  # checks the URL and the server before anything starts
     if args.plot:
         _check_plot(args.plot)
+    if args.record:
+        _check_record(args.record)
     if args.metrics_port == 0:
         raise UsageError(f"{args.command} --metrics-port needs a fixed port (0 picks one at "
                          "random; Prometheus could not find it)")
@@ -43,7 +45,7 @@ def up(args: argparse.Namespace) -> int:
                      seconds=args.seconds, train_step_s=args.train_step_s,
                      timeout_s=args.timeout_s, val_every=args.val_every,
                      log_level=args.log_level, metrics_port=args.metrics_port,
-                     metrics_addr=args.metrics_addr, plot=args.plot)
+                     metrics_addr=args.metrics_addr, plot=args.plot, record=args.record)
     return launcher.up(opts) if args.command == "up" else launcher.train(opts)
 
 
@@ -71,6 +73,20 @@ def _check_plot(path: str) -> None:
                          "writable")
 
 
+def _check_record(path: str) -> None:
+    """Before a run that records: pyarrow is there and DIR is (or can be) a folder."""
+    import os
+
+    from consumer.store import _pyarrow
+
+    _pyarrow()
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--record {path}: a file, not a folder")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(path) and not os.access(parent, os.W_OK):
+        raise UsageError(f"--record {path}: cannot make the folder in {parent}")
+
+
 def up_trainer(args: argparse.Namespace) -> int:
     """`up --trainer`: the user's script instead of the stand-in trainer loop."""
     import os
@@ -90,7 +106,7 @@ def up_trainer(args: argparse.Namespace) -> int:
     stand_in = [flag for flag, value, default in (
         ("--steps", args.steps, None), ("--seconds", args.seconds, None),
         ("--train-step-s", args.train_step_s, 0.0), ("--val-every", args.val_every, 0),
-        ("--plot", args.plot, None))
+        ("--plot", args.plot, None), ("--record", args.record, None))
         if value != default]
     if stand_in:
         raise UsageError(f"{', '.join(stand_in)}: flags of the stand-in trainer, not of "

@@ -8,7 +8,10 @@ mode answers 503; other pauses and a weight load make it wait), the context wind
 or the turn's budget cut to fit, as the flavor's server does), the reply (seeded by the body),
 its latency (a weight update or an abort ends it early: `finish_reason: "abort"` with the
 tokens so far; a pause in keep / in_place / retract mode freezes it), then the flavor's shape
-with the weight-version spans of the tokens.
+with the weight-version spans of the tokens. `stats["tokens_generated"]` counts the tokens the
+model sampled (a request aborted or closed by its client had sampled half of its reply:
+those are also in `stats["tokens_cut"]`), so a test can compare them with what trajectories
+carry.
 """
 
 from __future__ import annotations
@@ -22,11 +25,20 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rollstream.fake_llm.completions import add_routes as add_completion_routes
 from rollstream.fake_llm.control import Control
 from rollstream.fake_llm.faults import Faults
 from rollstream.fake_llm.flavors import FLAVORS, Flavor, Refusal, Reply
 from rollstream.fake_llm.options import FakeLLMOptions
-from rollstream.fake_llm.player import SPECIAL_IDS, pieces, render_prompt, reply
+from rollstream.fake_llm.player import (
+    SPECIAL_IDS,
+    add_tool_calls,
+    offers_python,
+    pieces,
+    render_prompt,
+    reply,
+    tool_reply,
+)
 from rollstream.fake_llm.responses import json_response, text_response, unauthorized
 
 if TYPE_CHECKING:
@@ -186,6 +198,7 @@ class FakeLLMServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         self.control.add_routes(app)
+        add_completion_routes(app, self)  # token-id prompts, /tokenize
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                                      shutdown_timeout=0.5)
         await self._runner.setup()
@@ -278,6 +291,8 @@ class FakeLLMServer:
         text, good = reply(body["messages"], float(body.get("temperature", 1.0) or 0.0), rng,
                            p_good=opts.p_good, malformed_share=opts.malformed_share,
                            think_words=opts.think_words)
+        if offers_python(body.get("tools")):  # scripted tool calls (player.tool_reply)
+            text = tool_reply(body["messages"], rng, malformed_share=opts.malformed_share) or text
         tokens = pieces(text) + ["<|im_end|>"]
         finish = "stop"
         if 0 < budget < len(tokens):
@@ -287,27 +302,33 @@ class FakeLLMServer:
         logprobs = [round(rng.uniform(low, high), 4) for _ in tokens]
         delay = opts.latency_s * math.exp(opts.latency_sigma * rng.gauss(0, 1))
         first = self.control.label
-        if self._hold is not None and self._hold in raw:
-            self.stats["held"] += 1
-            try:
-                why = await self.wait(None, held=True)
-            finally:
-                self.stats["held"] -= 1
+        try:  # (a client that closes the request: half its tokens were sampled by then)
+            if self._hold is not None and self._hold in raw:
+                self.stats["held"] += 1
+                try:
+                    why = await self.wait(None, held=True)
+                finally:
+                    self.stats["held"] -= 1
+                if why != "done":
+                    self.stats["aborted"] += 1
+                    return self._completion(body, model, self._aborted(prompt, tokens, logprobs,
+                                                                       first))
+            why = await self.wait(None if hang else delay)
             if why != "done":
                 self.stats["aborted"] += 1
-                return self._completion(body, model, self._aborted(prompt, tokens, logprobs,
-                                                                   first))
-        why = await self.wait(None if hang else delay)
-        if why != "done":
-            self.stats["aborted"] += 1
-            return self._completion(body, model, self._aborted(prompt, tokens, logprobs, first))
-        await self.control.frozen()  # paused in keep / in_place / retract: continued after
+                return self._completion(body, model, self._aborted(prompt, tokens, logprobs, first))
+            await self.control.frozen()  # paused in keep / in_place / retract: continued after
+        except asyncio.CancelledError:
+            self.stats["tokens_generated"] += len(tokens) // 2
+            self.stats["tokens_cut"] += len(tokens) // 2
+            raise
         last = self.control.label
         spans = [(first, 0, len(tokens))]
         if last != first:  # the weights changed while it was frozen: half by each
             half = len(tokens) // 2
             spans = [(first, 0, half), (last, half, len(tokens))]
         self.stats["completed"] += 1
+        self.stats["tokens_generated"] += len(tokens)  # what the model sampled
         return self._completion(body, model, Reply(text, tokens, logprobs, finish, prompt,
                                                    spans))
 
@@ -315,6 +336,9 @@ class FakeLLMServer:
                  logprobs: list[float] | None = None, label: str | None = None) -> Reply:
         """What an aborted request answers: the tokens generated so far (half, here)."""
         label = self.control.label if label is None else label
+        if tokens is not None:  # sampled before the abort (SGLang answers none of them)
+            self.stats["tokens_generated"] += len(tokens) // 2
+            self.stats["tokens_cut"] += len(tokens) // 2  # of requests that did not finish
         if not self.flavor.abort_finish or tokens is None:
             return Reply("", [], [], "abort", prompt, [(label, 0, 0)])
         kept = tokens[: len(tokens) // 2] if self.flavor.name != "sglang" else []
@@ -326,8 +350,10 @@ class FakeLLMServer:
         if not self.options.token_ids:
             body = {k: v for k, v in body.items() if k != "return_token_ids"}
         out = self.flavor.answer(body, model, answer)
+        if body.get("tools") and body.get("tool_choice") != "none":  # a server's tool parser
+            add_tool_calls(out, self.flavor.name)
         self.answers.append({"seed": body.get("seed"), "model": model,
-                             "finish_reason": answer.finish,
+                             "finish_reason": answer.finish, "tokens": len(answer.pieces),
                              "weight_version": answer.spans[-1][0] if answer.spans
                              else self.control.label})
         return json_response(out)

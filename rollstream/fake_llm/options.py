@@ -31,6 +31,7 @@ class FakeLLMOptions:
     during_load: str = "wait"  # new requests while loading: "wait" or "abort"
     max_model_len: int = 32768  # context window (llama.cpp: n_ctx), kept as the flavor's
     # server keeps it: refused, or the turn cut to fit
+    tokenizer: str = ""  # a tokenizer.json reading token-id prompts (fake_llm.completions)
 
 
 OPTION_HELP = {  # `rollstream fake-llm --help`, one line per FakeLLMOptions field
@@ -54,4 +55,6 @@ OPTION_HELP = {  # `rollstream fake-llm --help`, one line per FakeLLMOptions fie
     "load_time_s": "seconds a weight update takes",
     "during_load": "requests that come while weights load: wait or abort",
     "max_model_len": "context window (llama.cpp's n_ctx), kept as the flavor's server does",
+    "tokenizer": "a tokenizer.json to read /v1/completions token-id prompts and write the "
+                 "replies' ids with (default: the stand-in's own hashed pieces)",
 }

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
 import random
 import re
+import uuid
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -207,3 +209,87 @@ def reply(messages: list[dict[str, Any]], temperature: float, rng: random.Random
     if rng.random() < malformed_share:
         return f"{thought}, I am not sure which way to go.", False
     return f"<think>{thought}</think><answer>{rng.choice(board.actions)}</answer>", False
+
+
+# -- scripted tool calls ---------------------------------------------------------------------
+# A request that offers a `python` tool gets a Hermes/Qwen reply, as Qwen2.5/Qwen3 write them
+# (`<tool_call>\n{json}\n</tool_call>`, the blocks SGLang 0.5.23's qwen25_detector.py and
+# vLLM 0.33's hermes_tool_parser.py read): one call per arithmetic expression of the last
+# user message, then, once the tool messages answer them, `\boxed{}` the last result.
+# `malformed_share` of the calling replies hold a block that is not JSON.
+_EXPRESSION = re.compile(r"[-+*/().\d ]*\d[-+*/().\d ]*")
+_OPERATION = re.compile(r"\d[\s)]*[-+*/][\s(]*-?\d|\d[\s)]*[-+*/][\s(]*\(")
+_PROGRAM = "x = {expr}\nprint(int(x) if x == int(x) else round(x, 6))"
+
+
+def offers_python(tools: Any) -> bool:
+    """Whether a request's `tools` include a function named python."""
+    return isinstance(tools, list) and any(
+        isinstance(t, dict) and (t.get("function") or {}).get("name") == "python" for t in tools)
+
+
+def tool_reply(messages: list[dict[str, Any]], rng: random.Random, *,
+               malformed_share: float) -> str | None:
+    """The scripted model's reply when it has a python tool (see above), or None when the
+    conversation gives it nothing to compute."""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        result = str(last.get("content") or "").strip().splitlines()
+        value = result[0] if result else ""
+        return f"<think>the tool printed {value}</think>The answer is \\boxed{{{value}}}."
+    expressions = [e.strip().rstrip(".").strip() for e in
+                   _EXPRESSION.findall(str(last.get("content") or "")) if _OPERATION.search(e)]
+    if not expressions:
+        return None
+    if rng.random() < malformed_share:
+        return ('<think>I will compute it</think><tool_call>\n{"name": "python", '
+                '"arguments": {"code": print(' + expressions[0] + ')}\n</tool_call>')
+    blocks = [json.dumps({"name": "python", "arguments": {"code": _PROGRAM.format(expr=e)}})
+              for e in expressions]
+    return "<think>I will compute it</think>" + "".join(
+        f"<tool_call>\n{block}\n</tool_call>" for block in blocks)
+
+
+def server_tool_calls(text: str, flavor: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """What a server started with a tool parser makes of a reply (`content`, `tool_calls`):
+    vLLM 0.33 (`--enable-auto-tool-choice --tool-call-parser hermes`) takes every block or,
+    when one is not JSON, none (the text stays the content); SGLang 0.5.23
+    (`--tool-call-parser qwen25`) skips a bad block. Ids as each makes them (vLLM's
+    `chatcmpl-tool-<uuid hex>`, `renderers/chat_utils/tool_call.py`; SGLang's
+    `call_<24 hex>`, `serving_chat.py` `_process_tool_call_id`)."""
+    start = text.find("<tool_call>")
+    if start < 0:
+        return text, []
+    found = re.findall(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", text, re.DOTALL)
+    calls = []
+    for closed, open_end in found:
+        try:
+            obj = json.loads(closed or open_end)
+        except ValueError:
+            if flavor == "sglang":
+                continue
+            return text, []
+        calls.append(obj)
+    out = []
+    for obj in calls:
+        uid = uuid.uuid4().hex
+        out.append({"id": f"call_{uid[:24]}" if flavor == "sglang" else f"chatcmpl-tool-{uid}",
+                    "type": "function",
+                    "function": {"name": obj.get("name"),
+                                 "arguments": json.dumps(obj.get("arguments", {}))}})
+    return (text[:start] or None), out
+
+
+def add_tool_calls(out: dict[str, Any], flavor: str) -> None:
+    """Shape a completion as a server with a tool parser answers a request with `tools`
+    (tool_choice other than none): the calls read from its content (`server_tool_calls`) as
+    `tool_calls`, and `finish_reason` `tool_calls` (vLLM's `resolve_finish_reason`, in
+    `entrypoints/serve/utils/tool_calls_utils.py`: only for a reply that stopped on its own)."""
+    choice = out["choices"][0]
+    message = choice.get("message") or {}
+    content, calls = server_tool_calls(message.get("content") or "", flavor)
+    if not calls:
+        return
+    message["content"], message["tool_calls"] = content, calls
+    if choice.get("finish_reason") == "stop":
+        choice["finish_reason"] = "tool_calls"

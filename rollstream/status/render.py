@@ -41,6 +41,8 @@ def render_text(snap: dict[str, Any]) -> str:
     lines.append(f"dropped: stale {d['stale']:.0f}, late {d['late']:.0f}, failed groups "
                  f"{d['failed_groups']:.0f}, dead letters {d['dead_letters']}; redis "
                  f"{m['used_mb']:.1f} MB (peak {m['peak_mb']:.1f} MB)")
+    if snap.get("tokens_discarded"):
+        lines.append(_discarded_line(snap))
     if snap["warnings"]:
         lines.append("warnings:")
         lines += [f"  ! {w}" for w in snap["warnings"]]
@@ -114,6 +116,8 @@ def render_rich(snap: dict[str, Any]) -> Any:
         parts.append(Text(_servers_line(snap)))
     parts.append(Text(f"dropped: stale {d['stale']:.0f}, late {d['late']:.0f}, failed groups "
                       f"{d['failed_groups']:.0f}, dead letters {d['dead_letters']}"))
+    if snap.get("tokens_discarded"):
+        parts.append(Text(_discarded_line(snap)))
     parts += [Text(f"! {w}", style="bold yellow") for w in snap["warnings"]]
     return Group(*parts)
 
@@ -121,3 +125,9 @@ def render_rich(snap: dict[str, Any]) -> Any:
 def _cell(item: dict[str, Any], name: str, fmt: str) -> str:
     value = item.get(name)
     return "-" if value is None else fmt.format(value)
+
+
+def _discarded_line(snap: dict[str, Any]) -> str:
+    """Generated tokens thrown away, by reason."""
+    return "tokens discarded: " + ", ".join(f"{reason} {n:.0f}" for reason, n
+                                             in snap["tokens_discarded"].items())

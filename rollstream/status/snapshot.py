@@ -20,6 +20,9 @@ records, which count since their previous record, so one snapshot shows them.
      "batchers": [{"consumer", "state": waiting|handed|timed_out|closed|gone, "mode", "waiting_s",
                    "wanted", "complete", "partial", "version", "batches", "delivered"}],
      "dropped": {"stale", "late", "failed_groups", "val_discarded", "dead_letters"},
+     "tokens_discarded": {REASON: tokens},  (generated tokens thrown away: producers' aborted,
+                      abandoned, failed, stopped; batchers' stale, late, val_discarded,
+                      failed_group, filtered)
      "redis": {"used_mb", "peak_mb", "maxmemory_mb", "limit_mb"},
      "model_servers": [{"url", "version", "model", "set_aside": {producer: why}}],  (what a
                       trainer's ModelServers recorded; which live producers set it aside)
@@ -71,6 +74,7 @@ def snapshot(client: SyncClient, keys: Keys, config: RolloutConfig,
     snap["modes"] = _modes(config, raw, owners, live, records)
     snap["batchers"] = _batchers(raw["batchers"], raw["alive"])
     snap["dropped"] = _dropped(raw["batchers"], raw["dead"])
+    snap["tokens_discarded"] = _tokens_discarded(raw["batchers"], records)
     snap["redis"] = _redis_memory(raw["memory"], limits)
     snap["model_servers"] = _model_servers(raw["servers"], records, live)
     snap["warnings"] = warnings(snap, limits)
@@ -293,6 +297,21 @@ def _dropped(raw: dict[Any, bytes], dead: int) -> dict[str, float]:
     return {"stale": totals["scheduler/stale_dropped"], "late": totals["scheduler/late_dropped"],
             "failed_groups": totals["scheduler/failed_groups"],
             "val_discarded": totals["scheduler/val_discarded"], "dead_letters": int(dead or 0)}
+
+
+def _tokens_discarded(raw: dict[Any, bytes], records: dict[str, ProducerRecord]
+                      ) -> dict[str, float]:
+    """Generated tokens thrown away, by reason: the producers' (aborted, abandoned, failed,
+    stopped) and the batchers' (stale, late, val_discarded, failed_group, filtered)."""
+    out: dict[str, float] = defaultdict(float)
+    for record in records.values():
+        for reason, n in record.tokens_discarded.items():
+            out[reason] += n
+    for batcher in _batcher_records(raw):
+        for name, value in batcher.totals.items():
+            if name.startswith("tokens_discarded/"):
+                out[name.split("/", 1)[1]] += value
+    return dict(sorted(out.items()))
 
 
 def _redis_memory(info: dict[str, Any], limits: Limits) -> dict[str, Any]:

@@ -1,0 +1,165 @@
+"""Token-in/token-out turns (`policy.tokenizer`): the producer applies the model's chat
+template itself (`producers.llm.template`), sends the prompt as token ids to the completions
+endpoint, and keeps the ids the model sampled, so a trajectory is exactly what was sampled
+whatever the template does to earlier turns.
+
+- **First turn** (or a fresh prompt: a step manager's new message list each turn): the
+  messages rendered with the generation prompt, encoded.
+- **Next turn of a conversation** (the same message list, the previous reply appended and
+  new messages after it): the previous turn's prompt ids + its sampled ids + the template's
+  close of an assistant message (`<|im_end|>\\n`; the part the sampled ids already end with,
+  the end-of-turn token, is not added twice) + the template's tokens for the new messages
+  and the generation prompt (`ChatTemplate.suffix_ids`). Never re-rendered: a Qwen3-style
+  template, which drops the thinking of earlier assistant turns, would rewrite the prefix;
+  here each turn's prompt starts with the previous prompt and sampled ids exactly, thinking
+  kept as sampled.
+- **The request**: `/v1/completions` with `prompt` a list of ids (vLLM 0.33
+  `entrypoints/openai/completion/protocol.py:53`, SGLang 0.5.23
+  `srt/entrypoints/openai/protocol.py:372`, llama-server's OpenAI-compatible completions,
+  `tools/server/server-common.cpp`, tokenized prompts; docs/llm-servers.md has the table),
+  `logprobs: 1` (the completions API's count of top logprobs: the sampled token's logprob
+  comes with it) and `return_token_ids`.
+- **The reply**: response ids from the server where it gives them (vLLM's and SGLang's
+  `choices[0].token_ids` with `return_token_ids`, completion/protocol.py:688 and
+  protocol.py:513; llama-server's `tokens`: a llama-server gets token-id prompts at its own
+  `/completion` with `return_tokens`, `llama_native`), else the reply text encoded with the
+  tokenizer; the step's `response_ids_source` says which (`server`, `tokenizer`).
+  Logprobs from the legacy `logprobs.token_logprobs` (vLLM, SGLang) or
+  `logprobs.content[j].logprob` (llama-server), when there is one per token (llama-server
+  merges the entries of a character split across tokens: such a turn has exact ids and no
+  logprobs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from producers.llm.chat import merged_entries
+from producers.llm.replies import weight_labels
+from producers.llm.template import ChatTemplate
+from producers.policies.protocol import Turn
+
+TITO_KEY = "tito"  # the scratch entry holding the conversation's ids
+
+
+@dataclass
+class Conversation:
+    """The ids of a conversation so far: its last prompt and what was sampled after it."""
+
+    messages: list[dict[str, Any]]  # the message list these ids render (the same object)
+    covered: int  # how many of its messages the ids hold (through the last reply)
+    prompt: list[int]
+    sampled: list[int]
+
+
+def prompt_ids(template: ChatTemplate, scratch: dict[str, Any],
+               messages: list[dict[str, Any]]) -> list[int]:
+    """This turn's prompt ids (see the module docstring)."""
+    state: Conversation | None = scratch.get(TITO_KEY)
+    if (state is not None and state.messages is messages and len(messages) > state.covered
+            and messages[state.covered - 1].get("role") == "assistant"):
+        return extend(template, state.prompt, state.sampled, messages[state.covered:])
+    return template.prompt_ids(messages)
+
+
+def extend(template: ChatTemplate, prompt: list[int], sampled: list[int],
+           new_messages: list[dict[str, Any]]) -> list[int]:
+    """prompt + sampled + the template's close of the reply (less what the sampled ids
+    already end with) + the new messages' tokens and the generation prompt."""
+    close = template.close_ids
+    overlap = 0
+    for k in range(min(len(close), len(sampled)), 0, -1):
+        if sampled[-k:] == close[:k]:
+            overlap = k
+            break
+    return [*prompt, *sampled, *close[overlap:], *template.suffix_ids(new_messages)]
+
+
+def remember(scratch: dict[str, Any], messages: list[dict[str, Any]], prompt: list[int],
+             sampled: list[int]) -> None:
+    """After the reply was appended to `messages`: the ids the next turn extends."""
+    scratch[TITO_KEY] = Conversation(messages, len(messages), prompt, sampled)
+
+
+def request_body(model: str, prompt: list[int], *, sampling: dict[str, Any], seed: int,
+                 extra_body: dict[str, Any]) -> dict[str, Any]:
+    """A completion request with a token-id prompt, asking for logprobs and ids."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt, **sampling, "seed": seed,
+                            "logprobs": 1, "return_token_ids": True}
+    if extra_body:
+        body.update(extra_body)
+    return body
+
+
+def llama_native(body: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """A token-id request as llama-server's own `/completion` takes it: the same fields
+    (`max_tokens` and `logprobs` are its aliases of `n_predict` and `n_probs`,
+    `tools/server/server-schema.cpp:44-47,179-180`) and `return_tokens`, which gives the
+    sampled ids in `tokens` (:34, `server-context.cpp:1820`), every one of them: its logprob
+    entries merge the tokens of a character split across tokens, and its OpenAI
+    `/v1/completions` gives ids only there (`server-task.cpp:374-400`)."""
+    import orjson
+
+    out = {**body, "return_tokens": True}
+    return out, orjson.dumps(out)
+
+
+def from_llama_native(data: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's `/completion` answer (`server-task.cpp:340-372`: `content`, `tokens`,
+    `stop_type`, `tokens_evaluated`, `tokens_predicted`, `completion_probabilities`) in the
+    shape of an OpenAI completion; an error answer as it is."""
+    if "content" not in data or "tokens" not in data:
+        return data
+    probs = data.get("completion_probabilities")
+    prompt, completion = data.get("tokens_evaluated"), data.get("tokens_predicted")
+    choice = {"index": 0, "text": data["content"], "token_ids": data["tokens"],
+              "finish_reason": "length" if data.get("stop_type") == "limit" else "stop",
+              "logprobs": {"content": probs} if probs else None}
+    usage = None
+    if isinstance(prompt, int) and isinstance(completion, int):
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+                 "total_tokens": prompt + completion}
+    return {"choices": [choice], "model": data.get("model"), "usage": usage,
+            "object": "text_completion"}
+
+
+def turn_from_completion(data: dict[str, Any], prompt: list[int],
+                         template: ChatTemplate) -> Turn:
+    """The first choice of a completion as a `Turn` whose prompt ids are `prompt` (what was
+    sent) and whose response ids are the server's, else the tokenizer's (see the module
+    docstring)."""
+    choice = data["choices"][0]
+    text = choice.get("text") or ""
+    response_ids = choice.get("token_ids")
+    if response_ids is None:
+        response_ids = choice.get("response_token_ids")
+    logprobs = choice.get("logprobs") or {}
+    values: list[float] | None = logprobs.get("token_logprobs")
+    content = logprobs.get("content")
+    if content and merged_entries(data) is None:
+        values = [item["logprob"] for item in content]
+        if response_ids is None and "id" in content[0]:  # llama-server: ids only here
+            response_ids = [item["id"] for item in content]
+    source = "server"
+    if response_ids is None:
+        response_ids, source = template.encode(text), "tokenizer"
+    if values is not None and (len(values) != len(response_ids) or None in values):
+        values = None  # not one logprob per kept token: none rather than misaligned ones
+    turn = Turn(
+        text=text,
+        prompt_ids=cast(Any, np.fromiter(prompt, dtype=np.int32, count=len(prompt))),
+        response_ids=cast(Any, np.asarray(response_ids, dtype=np.int32)),
+        logprobs=cast(Any, None if values is None else np.asarray(values, dtype=np.float32)),
+        finish_reason=choice.get("finish_reason"),
+    )
+    turn.extra["response_ids_source"] = source
+    labels = weight_labels(data)
+    if labels and all(label.isdigit() for label, _, _ in labels):
+        turn.version, turn.version_source = min(int(label) for label, _, _ in labels), "server"
+        if len({label for label, _, _ in labels}) > 1:
+            turn.extra["version_spans"] = [[int(label), start, end]
+                                           for label, start, end in labels]
+    return turn
