@@ -194,6 +194,8 @@ async def _play(
     act_now = getattr(policy, "act_now", None)  # a policy that needs no await per action
     clock = time.perf_counter
     env_step, threaded = env.step, slot.threaded  # looked up once, used every step
+    areset = getattr(env.unwrapped, "areset", None)  # a remote env: reset/step are awaited
+    slow = threaded or areset is not None
     append = steps.append
     started = clock()
     policy_s = score = 0.0
@@ -202,7 +204,9 @@ async def _play(
     context_full: str | None = None  # why the model could take no further turn
     version_of = acting_version or (lambda: control.version)
 
-    if threaded:
+    if areset is not None:
+        observation, info = await areset(seed=env_seed)
+    elif threaded:
         observation, info = await in_daemon_thread(env.reset, seed=env_seed)
     else:
         observation, info = env.reset(seed=env_seed)
@@ -235,7 +239,7 @@ async def _play(
             continue
         action, response = chosen
         policy_s += clock() - t0
-        if response is None and not threaded:  # an action, no model text: the common step
+        if response is None and not slow:  # an action, no model text: the common step
             next_obs, reward, terminated, truncated, info = env_step(action)
         else:
             next_obs, reward, terminated, truncated, info = await _model_step(
@@ -277,8 +281,13 @@ async def _play(
 
 async def _model_step(response: Any, action: Any, env: Any, env_step: Callable[[Any], Any],
                       threaded: bool) -> tuple[Any, ...]:
-    """Step the env with a model's reply (a text env parses it: `step_text`) or the action."""
+    """Step the env with a model's reply (a text env parses it: `step_text`) or the action;
+    a remote env's step is awaited (`astep_text`, `astep`)."""
     text = response.text if isinstance(response, Turn) else response
+    unwrapped = env.unwrapped
+    if getattr(unwrapped, "areset", None) is not None:  # a remote env (producers/envs/remote)
+        return await (unwrapped.astep_text(text) if text is not None
+                      else unwrapped.astep(action))
     text_step = getattr(env.unwrapped, "step_text", None) if text is not None else None
     if text_step is not None:
         step_fn, arg = text_step, text

@@ -17,6 +17,7 @@ from schemas.tools import ToolsSpec
 SOKOBAN_ID = "rollstream/Sokoban-v0"
 FROZENLAKE_ID = "rollstream/FrozenLake-v0"
 SOKOBAN_NATIVE_ID = "rollstream/SokobanNative-v0"
+OPENENV_ID = "rollstream/OpenEnv-v0"  # an env on OpenEnv servers (producers/envs/openenv.py)
 
 # ROLL's `env_type` names for our own envs; any other env is given by its gymnasium id.
 ENV_TYPE_IDS: dict[str, str] = {
@@ -24,6 +25,7 @@ ENV_TYPE_IDS: dict[str, str] = {
     "frozen_lake": FROZENLAKE_ID,
     "frozenlake": FROZENLAKE_ID,
     "sokoban_native_env": SOKOBAN_NATIVE_ID,
+    "openenv": OPENENV_ID,
 }
 
 

@@ -1227,6 +1227,32 @@ MUTANTS: tuple[Mutant, ...] = (
         signature="mutant canary: the copy is what gets imported",
     ),
     Mutant(
+        "openenv-session-cap", "producers/envs/remote.py",
+        "free = [s for s in up if s.in_use < s.cap]",
+        "free = up",
+        "remote envs: a producer opens no more sessions on an env server than its cap "
+        "(OpenEnv's max_concurrent_envs)",
+        ("tests/test_envs_openenv.py::test_episodes_end_to_end_through_rollstream",),
+    ),
+    Mutant(
+        "openenv-step-deadline", "producers/envs/openenv.py",
+        "reply = await asyncio.wait_for(ws.receive(), timeout_s)",
+        "reply = await ws.receive()",
+        "remote envs: a server that answers nothing misses its reset/step deadline, is set "
+        "aside and its episodes are replayed elsewhere",
+        ("tests/test_envs_openenv.py::"
+         "test_a_hung_server_misses_its_step_deadline_and_is_set_aside",),
+    ),
+    Mutant(
+        "openenv-replay-bound", "producers/shard_runner.py",
+        "attempts = self.config.env_max_retries + 1",
+        "attempts = self.config.env_max_retries + 2",
+        "remote envs: an episode whose env server died is replayed env_max_retries times on "
+        "a fresh session, then its group fails with the server's reason",
+        ("tests/test_envs_openenv.py::"
+         "test_a_server_that_stays_down_fails_the_group_after_the_bounded_replays",),
+    ),
+    Mutant(
         "tools-call-cap", "producers/tools/loop.py",
         "            run, over = parsed.calls[:cap], parsed.calls[cap:]\n",
         "            run, over = parsed.calls, []\n",

@@ -92,6 +92,16 @@ def test_bench_group_filters_prints_a_row_per_step_size():
     assert len(rows) == 2 and all(row.count("|") == 8 for row in rows), out
 
 
+def test_bench_openenv_prints_cpu_per_remote_step_and_many_envs():
+    import importlib.util
+    if importlib.util.find_spec("openenv") is None:
+        pytest.skip("needs openenv-core (the openenv-server extra)")
+    out = bench("bench/bench_openenv.py", "--servers", "1", "--envs", "20", "--few", "4",
+                "--seconds", "0.5")
+    assert "us per remote step" in out and "remote/local" in out, out
+    assert "20 remote envs on one producer" in out and "sessions open" in out, out
+
+
 def test_bench_tools_prints_cpu_per_call_and_sandbox_start_cost():
     out = bench("bench/bench_tools.py", "--episodes", "8", "--calls", "3", "--concurrency", "4")
     assert "| python tool (sandbox) | 8 |" in out and "| bare python -I -c pass |" in out, out

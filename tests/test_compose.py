@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from helpers import password_redis
+from helpers import password_redis, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "compose.yaml"
@@ -169,3 +169,42 @@ def test_producer_healthcheck_passes_while_it_runs(password_redis_port):
         producer.send_signal(signal.SIGTERM)
         producer.wait(30)
         r.close()
+
+
+def test_the_openenv_service_scales_on_its_own():
+    """The env servers are a service of their own (`--profile openenv`, `--scale openenv=N`):
+    no host port (replicas would collide), its image is the example env server, and its
+    command, run here as a local process, serves OpenEnv's /health and /schema."""
+    import urllib.request
+
+    from helpers import free_port
+    from openenv_servers import HAVE_OPENENV, SERVER
+
+    spec = services()["openenv"]
+    assert spec["profiles"] == ["openenv"] and "ports" not in spec
+    assert "openenv-core==0.3.0" in (ROOT / spec["build"]["dockerfile"]).read_text()
+    if not HAVE_OPENENV:
+        pytest.skip("needs openenv-core (the openenv extra)")
+    port = free_port()
+    cmd = [arg.replace("${OPENENV_MAX_SESSIONS:-8}", "8").replace("8000", str(port))
+           for arg in spec["command"]]
+    cmd[cmd.index("0.0.0.0")] = "127.0.0.1"
+    proc = subprocess.Popen([sys.executable, str(SERVER), *cmd], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/health"), timeout_s=60,
+                 what="the env server's /health")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/schema", timeout=5) as reply:
+            assert b'"guess"' in reply.read()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=1) as reply:
+            return reply.status == 200
+    except OSError:
+        return False

@@ -13,7 +13,7 @@ from producers.envs import SokobanNativeEnv, build_env, check_envs, env_kwargs, 
 from producers.envs.frozenlake import FrozenLakeEnv
 from producers.envs.roll_tasks import GEM_ID
 from producers.envs.sokoban import SokobanEnv
-from schemas.envspec import FROZENLAKE_ID, SOKOBAN_ID, SOKOBAN_NATIVE_ID
+from schemas.envspec import FROZENLAKE_ID, OPENENV_ID, SOKOBAN_ID, SOKOBAN_NATIVE_ID
 from schemas.errors import ConfigError
 
 QA = Path(__file__).parent / "data" / "gem" / "qa.jsonl"
@@ -35,7 +35,7 @@ def tagged(entry: dict, **manager) -> object:
     ("rg:letter_counting", (GEM_ID, {"task": "rg:letter_counting"})),
     ("roll_math", (GEM_ID, {"task": "roll_math"})),
     ("eval:AIME24", (GEM_ID, {"task": "eval:AIME24"})),
-    ("openenv", None), ("webshop", None),
+    ("openenv", (OPENENV_ID, {})), ("webshop", None),
 ])
 def test_one_map_from_env_type_to_what_builds_it(env_type, target) -> None:
     assert type_target(env_type) == target
@@ -93,13 +93,13 @@ def test_what_an_env_type_needs_is_one_line_naming_the_tag() -> None:
     assert "\n" not in message
 
 
-def test_an_env_type_the_producers_lack_is_one_line() -> None:
+def test_an_openenv_tag_without_servers_is_one_line() -> None:
     config = tagged({"env_type": "openenv"})
     with pytest.raises(ConfigError) as info:
         build_env(config, "T")
-    assert str(info.value).startswith(
-        "custom_envs.T: env type 'openenv': not run by producers yet (OpenEnv env server): "
-        "needs ")
+    assert str(info.value).startswith("custom_envs.T: cannot make env type 'openenv'")
+    assert "env_config.base_urls must list the OpenEnv env servers" in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 def test_agent_native_needs_an_env_with_its_own_chat() -> None:

@@ -21,7 +21,14 @@ from producers.envs.sokoban import SokobanEnv
 from producers.envs.sokoban_native import SokobanNativeEnv
 from producers.envs.text import TextGridEnv, parse_answer
 from schemas.config import RolloutConfig
-from schemas.envspec import ENV_TYPE_IDS, FROZENLAKE_ID, SOKOBAN_ID, SOKOBAN_NATIVE_ID, EnvSpec
+from schemas.envspec import (
+    ENV_TYPE_IDS,
+    FROZENLAKE_ID,
+    OPENENV_ID,
+    SOKOBAN_ID,
+    SOKOBAN_NATIVE_ID,
+    EnvSpec,
+)
 from schemas.envtypes import env_type_support, is_gem_type
 from schemas.errors import ConfigError
 
@@ -48,6 +55,7 @@ _ENTRY_POINTS = {
     FROZENLAKE_ID: "producers.envs.frozenlake:FrozenLakeEnv",
     SOKOBAN_NATIVE_ID: "producers.envs.sokoban_native:SokobanNativeEnv",
     GEM_ID: "producers.envs.roll_tasks:make_gem_env",  # ROLL's gem env types (`task` kwarg)
+    OPENENV_ID: "producers.envs.openenv:OpenEnvEnv",  # env_type openenv (remote servers)
 }
 
 
