@@ -12,7 +12,7 @@ Its `agent_template` is checked against the placeholders its env manager fills (
 the template with `str.format`, so any other placeholder is a KeyError at the first turn).
 
 How ROLL renders each manager's prompt (roll/pipeline/agentic/env_manager/, 8eb27cc2) is told
-in notes/config.md, for the producers that render them.
+in docs/configs.md ("Env managers and prompts"); producers/llm/prompts.py renders them.
 """
 
 from __future__ import annotations
