@@ -98,6 +98,10 @@ def live_run(tmp_path: Path, base_url: str, redis_url: str, run: str,
     """`rollstream up`: one producer, the stand-in trainer, an LLM policy, two tags."""
     config = {
         "rollout_batch_size": 8, "async_generation_ratio": 1, "seed": 3, "sample_rate": 1.0,
+        # every group sampled, and kept for the whole run (the most the stream may keep): on
+        # a loaded machine the browser may open a group minutes after the API named it, and a
+        # trimmed sample cannot be read
+        "sample_stream_len": 10_000,
         "train_env_manager": {"max_env_num_per_worker": 8, "num_env_groups": 2,
                               "group_size": 4, "tags": ["FrozenLake", "SimpleSokoban"]},
         "policy": {"type": "openai", "base_urls": [base_url], "model": MODEL,
