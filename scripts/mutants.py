@@ -1135,6 +1135,14 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{PROVENANCE}::test_a_held_group_expired_by_a_publish_counts_its_tokens",),
     ),
     Mutant(
+        "ui-tool-counts", "rollstream/ui/view.py",
+        '            malformed += int(step.get("tool_malformed") or 0)\n',
+        "            pass\n",
+        "the rollout browser counts the malformed tool calls of its samples",
+        ("tests/test_ui_api.py::test_the_state_counts_the_samples_tool_calls_and_the_runs_"
+         "discarded_tokens",),
+    ),
+    Mutant(
         "tito-extends-sampled", "producers/llm/tito.py",
         "        return extend(template, state.prompt, state.sampled, messages[state.covered:])\n",
         "        return template.prompt_ids(messages)\n",

@@ -259,6 +259,22 @@ def test_groups_filter_by_tag_mode_and_outcome_newest_first(r: redis.Redis, run:
     assert get(page + "api/trajectory/train-9-9-9")[0] == 404
 
 
+def test_the_state_counts_the_samples_tool_calls_and_the_runs_discarded_tokens(
+        r: redis.Redis, run: str, served) -> None:
+    """The page's counters of the other parts: tool calls and malformed ones (from the
+    samples' steps) and the generated tokens thrown away (the status snapshot's)."""
+    keys = Keys(run)
+    trajs = [trajectory("train", 0, 0, m, success=True) for m in range(2)]
+    trajs[0]["steps"][0].update(tool_calls=3, tool_malformed=1)
+    trajs[1]["steps"].append({**trajs[1]["steps"][0], "tool_calls": 2})
+    add_samples(r, keys, trajs)
+    page = served()
+    state = wait_for(lambda: (s := get_json(page + "api/state"))["samples"]["received"] == 2
+                     and s, what="both samples read")
+    assert state["samples"]["tools"] == {"calls": 5, "malformed": 1}
+    assert "tokens_discarded" in state["snapshot"]
+
+
 def test_the_page_keeps_the_newest_trajectories_and_reads_only_new_entries(
         r: redis.Redis, run: str, served) -> None:
     keys = Keys(run)

@@ -153,6 +153,9 @@ def test_a_person_watches_groups_arrive_and_reads_a_failed_episode_turn_by_turn(
 
     assert wait.until(lambda b: text("#run-name") == run, "the run's name on the page")
     # a live number moves: trajectories committed so far, without reloading the page
+    # the counters of generation thrown away and of tool calls are shown (none here yet)
+    wait.until(lambda b: text("#stat-discarded") != "–" and text("#stat-tools") == "0 (0)",
+               "the discarded-token and tool-call counters")
     first = wait.until(lambda b: _number(text("#stat-committed")), "a committed count")
     wait.until(lambda b: (_number(text("#stat-committed")) or 0) > first,
                f"the committed count to move past {first}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from rollstream.status.snapshot import snapshot
@@ -83,7 +84,7 @@ class RunView:
             "history": self.history.view(),
             "samples": {"received": feed.received, "undecodable": feed.undecodable,
                         "kept": len(feed.trajectories), "groups": len(feed.groups),
-                        "tags": feed.tags()},
+                        "tags": feed.tags(), "tools": tool_counts(feed.trajectories.values())},
         })
 
     def groups(self, *, tag: str | None, outcome: str, mode: str | None,
@@ -97,3 +98,14 @@ class RunView:
     def trajectory(self, uid: str) -> dict[str, Any] | None:
         sample = self.feed.trajectories.get(uid)
         return None if sample is None else redact(sample)
+
+
+def tool_counts(samples: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Tool calls run and malformed (`producers/tools/loop.py` records both on a step) over
+    the samples the page keeps: a parser that never matches shows as malformed at once."""
+    calls = malformed = 0
+    for sample in samples:
+        for step in sample.get("steps") or ():
+            calls += int(step.get("tool_calls") or 0)
+            malformed += int(step.get("tool_malformed") or 0)
+    return {"calls": calls, "malformed": malformed}

@@ -112,6 +112,14 @@ function renderState(state) {
   const live = (snap.producers || []).filter((p) => p.state === "live");
   setText("stat-throughput", fmt(live.reduce((a, p) => a + (p.traj_per_s || 0), 0)));
   setText("stat-committed", fmt((snap.producers || []).reduce((a, p) => a + (p.committed || 0), 0)));
+  // generated tokens thrown away (producers' aborted turns, the batchers' stale and filtered
+  // groups, ...): the total, with each reason in the tooltip
+  const discarded = snap.tokens_discarded || {};
+  setText("stat-discarded", fmt(Object.values(discarded).reduce((a, n) => a + n, 0)));
+  document.getElementById("stat-discarded").title =
+    Object.entries(discarded).map(([why, n]) => `${why}: ${n}`).join(", ") || "none";
+  const tools = state.samples.tools || { calls: 0, malformed: 0 };
+  setText("stat-tools", `${fmt(tools.calls)} (${fmt(tools.malformed)})`);
   setText("stat-samples", fmt(state.samples.received));
   setText("stat-redis", snap.redis ? `${fmt(snap.redis.used_mb)} MB` : "–");
   setText("stat-updated", state.updated_at ? ago(Date.now() / 1000 - state.updated_at) : "–");
