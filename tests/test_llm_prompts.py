@@ -228,10 +228,11 @@ def test_turn_without_token_ids_or_logprobs() -> None:
     # SGLang's spans: a turn kept across an update counts from its oldest tokens
     ({"metadata": {"weight_version": "5", "weight_versions": [
         {"version": "4", "start": 0, "end": 1}, {"version": "5", "start": 1, "end": 2}]}}, 4),
-    # launch weights for some tokens: not one of ours, whatever the rest says
+    # a turn kept through the first update: its first tokens came from the launch weights
+    # ("default"), which are the run's version 0 (partial rollouts keep such turns)
     ({"metadata": {"weight_version": "5", "weight_versions": [
         {"version": "default", "start": 0, "end": 1},
-        {"version": "5", "start": 1, "end": 2}]}}, None),
+        {"version": "5", "start": 1, "end": 2}]}}, 0),
 ])
 def test_the_weight_version_a_server_reports(top: dict, version: int | None) -> None:
     turn = turn_from_answer(answer(**top))
