@@ -126,3 +126,24 @@ def run_steps(batcher: Batcher, servers: ModelServers, steps: int) -> list[Any]:
         batcher.ack(batch)
         batcher.publish_version(version)
     return batches
+
+
+def run_pool(urls: list[str], scenario: Any, **kwargs: Any) -> Any:
+    """Run `await scenario(pool)` with a started `ServerPool` over `urls` (timeout 5 s and
+    2 retries unless given), closed afterwards."""
+    import asyncio
+
+    from producers.llm.pool import ServerPool
+
+    kwargs.setdefault("timeout_s", 5.0)
+    kwargs.setdefault("max_retries", 2)
+
+    async def main() -> Any:
+        pool = ServerPool(urls, **kwargs)
+        await pool.start()
+        try:
+            return await scenario(pool)
+        finally:
+            await pool.close()
+
+    return asyncio.run(main())

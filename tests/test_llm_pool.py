@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+import llm_helpers
 import pytest
 from llm_helpers import MODEL, fake_llm_factory
 
@@ -25,19 +26,7 @@ BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"
 
 
 def run_pool(urls: list[str], scenario: Any, **kwargs: Any) -> Any:
-    """Run `await scenario(pool)` with a started pool over `urls`."""
-    kwargs.setdefault("timeout_s", 5.0)
-    kwargs.setdefault("max_retries", 2)
-
-    async def main() -> Any:
-        pool = ServerPool(urls, **kwargs)
-        await pool.start()
-        try:
-            return await scenario(pool)
-        finally:
-            await pool.close()
-
-    return asyncio.run(main())
+    return llm_helpers.run_pool(urls, scenario, **kwargs)
 
 
 def test_requests_go_to_the_server_with_fewest_in_flight(fake_llm) -> None:

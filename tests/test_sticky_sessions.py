@@ -9,6 +9,7 @@ import asyncio
 import json
 from typing import Any
 
+import llm_helpers
 import pytest
 from aiohttp import web
 from llm_helpers import MODEL, fake_llm_factory, http
@@ -30,19 +31,9 @@ def body(text: str = "hi") -> dict[str, Any]:
 
 
 def run_pool(urls: list[str], scenario: Any, **kwargs: Any) -> Any:
-    kwargs.setdefault("timeout_s", 5.0)
     kwargs.setdefault("max_retries", 1)
     kwargs.setdefault("cooldown_max_s", 0.2)
-
-    async def main() -> Any:
-        pool = ServerPool(urls, **kwargs)
-        await pool.start()
-        try:
-            return await scenario(pool)
-        finally:
-            await pool.close()
-
-    return asyncio.run(main())
+    return llm_helpers.run_pool(urls, scenario, **kwargs)
 
 
 SESSIONS = [routing.session_key("train", g, k) for g in range(12) for k in range(2)]
