@@ -99,6 +99,10 @@ class Outcome(IntEnum):
 OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # a script's code -> its Outcome
 
 
+class CommitterClosed(RuntimeError):
+    """A commit submitted after the committer stopped (the producer is stopping)."""
+
+
 @dataclass(slots=True)
 class PendingCommit:
     mode: str
@@ -131,6 +135,7 @@ class Committer:
         self._sha: str | None = None
         self.committed = 0
         self.unreplicated = 0  # flushes whose WAIT for replicas fell short
+        self.closed = False  # `run` has returned: nothing queued now would ever be sent
 
     async def commit(
         self, *, mode: str, shard: int, round: int, env_id: int, episode_id: int,
@@ -148,6 +153,9 @@ class Committer:
         (`schemas.samples`), written to the sample stream by the same script call if, and
         only if, the commit lands."""
         future: asyncio.Future[Outcome] = self._loop.create_future()
+        if self.closed:  # the producer is stopping: the episode replays elsewhere
+            future.set_exception(CommitterClosed("producer stopped: commit not sent"))
+            return future
         self._queue.append(
             PendingCommit(mode, shard, round, env_id, episode_id, stream, data, future, sample)
         )
@@ -155,7 +163,15 @@ class Committer:
         return future
 
     async def run(self, stop: asyncio.Event, backoff: Backoff) -> None:
-        """Flush until `stop` is set and the queue is empty. Redis errors back off and retry."""
+        """Flush until `stop` is set and the queue is empty. Redis errors back off and retry.
+        A commit submitted after it returned fails at once (`closed`): an env task still
+        playing at a stop must not wait for a flush that never comes."""
+        try:
+            await self._run(stop, backoff)
+        finally:
+            self.closed = True
+
+    async def _run(self, stop: asyncio.Event, backoff: Backoff) -> None:
         while not (stop.is_set() and not self._queue):
             if not self._queue:
                 self._wakeup.clear()

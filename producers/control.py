@@ -12,6 +12,7 @@ import logging
 import time
 from collections import deque
 
+from producers.lifetime import within
 from schemas.backoff import Backoff
 from schemas.keys import Keys
 from schemas.redisconn import REDIS_ERRORS, AsyncClient, ControlSubscription
@@ -125,7 +126,7 @@ class ControlWatcher:
                     continue
                 self._poke.clear()
                 try:
-                    await asyncio.wait_for(self._poke.wait(), self.poll_interval_s)
+                    await within(self._poke.wait(), self.poll_interval_s)
                 except asyncio.TimeoutError:
                     pass
         finally:

@@ -18,7 +18,7 @@ from producers.commit import Committer
 from producers.control import SYNC_WAKE_CHUNK, WAKE_CHUNK, ControlState, ControlWatcher
 from producers.lease_loop import LeaseLoop
 from producers.leases import Leases
-from producers.lifetime import Lifetime
+from producers.lifetime import Lifetime, within
 from producers.metrics import ProducerStats
 from producers.policies.protocol import Policy
 from producers.rollout import InFlight
@@ -82,7 +82,7 @@ class Serving:
             background.append(asyncio.create_task(
                 self.weights.run(stop, Backoff(name="weights"))))
         try:  # hear the others' lease announcements before taking part in the shard split
-            await asyncio.wait_for(watcher.subscribed.wait(), 5.0)
+            await within(watcher.subscribed.wait(), 5.0)
         except asyncio.TimeoutError:
             logger.warning("control channel not subscribed after 5s; relying on heartbeats")
         self.owner.note(self.redis)

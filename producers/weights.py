@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from producers.control import ControlState
+from producers.lifetime import within
 from producers.policies.protocol import one_line
 from producers.rollout import in_daemon_thread
 from schemas.backoff import Backoff
@@ -91,7 +92,7 @@ class WeightsFollower:
                 return
             if behind:  # published later (or never): look again soon, not only on a change
                 try:
-                    await asyncio.wait_for(self.state.wait_change(), self.retry_s)
+                    await within(self.state.wait_change(), self.retry_s)
                 except asyncio.TimeoutError:
                     pass
             else:

@@ -1332,6 +1332,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "none of the producer's environment variables (API keys) reach the python tool",
         (f"{TOOLS}::test_each_call_gets_a_fresh_directory_and_none_of_our_environment",),
     ),
+    Mutant(
+        "within-loses-a-cancellation", "producers/lifetime.py",
+        "    async with asyncio.timeout(timeout_s):\n        return await awaitable\n",
+        "    return await asyncio.wait_for(awaitable, timeout_s)\n",
+        "a producer's deadline wait keeps a cancellation that lands with the awaited result",
+        (f"{GUARDS}::test_a_cancellation_that_lands_with_the_awaited_result_is_never_lost",),
+    ),
+    Mutant(
+        "commit-after-close-waits", "producers/commit.py",
+        "        if self.closed:  # the producer is stopping",
+        "        if False:  # the producer is stopping",
+        "a commit submitted after the committer stopped fails at once, never hangs",
+        (f"{GUARDS}::test_a_commit_submitted_after_the_committer_stopped_fails_at_once",),
+    ),
 )
 
 

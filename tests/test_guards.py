@@ -376,3 +376,64 @@ def test_a_trajectory_in_the_stream_twice_is_delivered_once_and_its_copy_deleted
     batcher.ack(batch)
     assert stream_lengths(r, keys, config) == [0, 0, 0, 0]
     assert batcher.totals["scheduler/late_dropped"] == 1
+
+
+def test_a_cancellation_that_lands_with_the_awaited_result_is_never_lost() -> None:
+    """A producer stopping cancels its env tasks; `within` (the producer's deadline wait)
+    must keep a cancellation that arrives in the same loop step as the awaited result
+    (Python 3.11's `asyncio.wait_for` returned the result and dropped it: the env task
+    played on and the producer hung at exit). Made to happen: the result is set and the
+    task cancelled back to back, before the task runs again."""
+    import asyncio
+
+    from producers.lifetime import within
+
+    async def go() -> str:
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[str] = loop.create_future()
+        waiting = asyncio.Event()
+
+        async def env_step() -> str:
+            waiting.set()
+            return await within(reply, 30.0)
+
+        task = asyncio.create_task(env_step())
+        await waiting.wait()
+        await asyncio.sleep(0)  # the task is parked on the reply
+        reply.set_result("step answered")
+        task.cancel()
+        try:
+            return await task
+        except asyncio.CancelledError:
+            return "cancelled"
+
+    assert asyncio.run(go()) == "cancelled"
+
+
+def test_a_commit_submitted_after_the_committer_stopped_fails_at_once(redis_url, run) -> None:
+    """An env task that commits after the producer's committer has flushed its last batch
+    and returned gets an error at once, not a future that never settles (the producer's
+    stop waited for that env task for ever)."""
+    import asyncio
+
+    from producers.commit import Committer, CommitterClosed
+    from schemas.backoff import Backoff
+    from schemas.redisconn import async_client
+
+    keys = Keys(run)
+
+    async def go() -> BaseException | None:
+        client = await async_client(redis_url)
+        try:
+            committer = Committer(client, keys, "p1")
+            stop = asyncio.Event()
+            stop.set()
+            await asyncio.wait_for(committer.run(stop, Backoff(name="test")), 5)
+            late = committer.submit("train", 0, 0, 0, 0, keys.stream("train", 0),
+                                    encode_trajectory(trajectory("train", 0, 0, 0, group_size=1)))
+            await asyncio.sleep(0.2)  # a flush, had one been coming
+            return late.exception() if late.done() else None
+        finally:
+            await client.aclose()
+
+    assert isinstance(asyncio.run(go()), CommitterClosed)

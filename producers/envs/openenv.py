@@ -36,6 +36,7 @@ from gymnasium import spaces
 
 from producers.envs.remote import RemoteEnvError, Server, ServerPool, drop_pool, pool_for
 from producers.envs.text import captured_answer, compile_action_pattern
+from producers.lifetime import within
 from schemas.envspec import OPENENV_ID
 
 _OWN_FIELDS = ("done", "reward", "metadata")  # the observation fields the server sends apart
@@ -228,7 +229,7 @@ class OpenEnvEnv(gym.Env):
         assert ws is not None
         try:
             await ws.send_str(json.dumps(message))
-            reply = await asyncio.wait_for(ws.receive(), timeout_s)
+            reply = await within(ws.receive(), timeout_s)
         except TimeoutError:
             raise self._failed(f"no answer to {what} within {timeout_s:g} s") from None
         except (aiohttp.ClientError, ConnectionError, OSError) as exc:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from producers.lifetime import within
+
 logger = logging.getLogger(__name__)
 
 PROBE_FIRST_S = 0.2  # the first /health probe after a failure; doubles up to PROBE_MAX_S
@@ -90,7 +92,7 @@ class ServerPool:
                 else:
                     all_down_since = None
                 try:
-                    await asyncio.wait_for(self._changed.wait(), wait)
+                    await within(self._changed.wait(), wait)
                 except TimeoutError:
                     pass
 

@@ -60,6 +60,7 @@ import aiohttp
 import orjson
 
 from producers import metrics
+from producers.lifetime import within
 from producers.llm import adapt, routing, tito
 from producers.llm.dialects import LLAMA_SERVER, context_limit, identify
 from producers.llm.replies import (
@@ -342,7 +343,7 @@ class ServerPool:
         if exc.status != INTERNAL_ERROR:
             return False
         try:
-            found = await asyncio.wait_for(self._models(server), HUNG_PROBE_S)
+            found = await within(self._models(server), HUNG_PROBE_S)
         except (asyncio.TimeoutError, PolicyError):
             return False
         return not isinstance(found, str)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producers import metrics
+from producers.lifetime import within
 from producers.llm import routing
 from producers.llm.dialects import LLAMA_SERVER, OTHER, Dialect
 from producers.llm.replies import Transient
@@ -223,7 +224,7 @@ class ServerSet:
         assert self._changed is not None
         self._changed.clear()
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
+            await within(self._changed.wait(), timeout_s)
         except asyncio.TimeoutError:
             pass
 
@@ -243,7 +244,7 @@ class ServerSet:
         timeout at every try. Answering marks it up; a turn that times out there again
         sets it aside again, for twice as long."""
         try:
-            found = await asyncio.wait_for(self._health_check(server), HUNG_PROBE_S)
+            found = await within(self._health_check(server), HUNG_PROBE_S)
         except asyncio.TimeoutError:
             found = f"no answer to GET /models within {HUNG_PROBE_S:g}s"
         except PolicyError as exc:

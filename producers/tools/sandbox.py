@@ -31,6 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from producers.lifetime import within
 from schemas.tools import PythonLimits
 
 logger = logging.getLogger(__name__)
@@ -135,8 +136,8 @@ async def run_python(code: str, limits: PythonLimits) -> SandboxResult:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             start_new_session=True)
         try:
-            output, status = await asyncio.wait_for(_read(proc, limits.output_bytes),
-                                                    timeout=limits.timeout_s)
+            output, status = await within(_read(proc, limits.output_bytes),
+                                            limits.timeout_s)
         except asyncio.TimeoutError:
             output, status = None, "timeout"
         finally:
@@ -144,7 +145,7 @@ async def run_python(code: str, limits: PythonLimits) -> SandboxResult:
                 _kill(proc)
             returncode: int | None
             try:
-                returncode = await asyncio.wait_for(_reap(proc), REAP_WAIT_S)
+                returncode = await within(_reap(proc), REAP_WAIT_S)
             except asyncio.TimeoutError:  # a process it started keeps the pipe: left behind
                 logger.warning("python tool: a process the program started outlived it and "
                                "holds its output open (no PID namespace here to end it)")
