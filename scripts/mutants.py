@@ -1244,7 +1244,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "openenv-step-deadline", "producers/envs/openenv.py",
-        "reply = await asyncio.wait_for(ws.receive(), timeout_s)",
+        "reply = await within(ws.receive(), timeout_s)",
         "reply = await ws.receive()",
         "remote envs: a server that answers nothing misses its reset/step deadline, is set "
         "aside and its episodes are replayed elsewhere",
