@@ -1346,6 +1346,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "a commit submitted after the committer stopped fails at once, never hangs",
         (f"{GUARDS}::test_a_commit_submitted_after_the_committer_stopped_fails_at_once",),
     ),
+    Mutant(
+        "sentinel-auth-retried", "schemas/redisconn/clients.py",
+        "        if is_auth_error(exc):\n            return False\n",
+        "",
+        "refused sentinel credentials are said at once, not retried with backoff",
+        (f"{CONN}::test_sentinels_that_want_a_password_say_so",),
+    ),
 )
 
 

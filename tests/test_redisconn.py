@@ -294,16 +294,30 @@ def test_sentinels_that_want_a_password_say_so(tmp_path):
     if redis_server_7() is None:
         pytest.skip("no redis-server 7.0+ on PATH to run sentinels")
     with LocalSentinel(replicas=0, sentinels=1, sentinel_password="sentPW") as setup:
+        sentinel = setup.sentinels[0]
+        admin = redis.Redis(port=sentinel.port, password="sentPW")
+
+        def connections() -> int:
+            return int(admin.info("stats")["total_connections_received"])
+
         env = {**clean_env(), "ROLLSTREAM_SENTINEL_PASSWORD": "wrong"}
         for extra in ({}, env):
+            before = connections()
             out = run_cli("status", "--redis-url", setup.url, "--run", "x", env=extra or None)
             assert out.returncode == 1, out.stderr
             assert "refused the credentials" in out.stderr, out.stderr
             assert "ROLLSTREAM_SENTINEL_PASSWORD" in out.stderr and "wrong" not in out.stderr
+            # asked once, not again with backoff (redis-py retries its AuthenticationError,
+            # a ConnectionError, 3 times from 1 s: the line came after ~4 s)
+            assert connections() - before == 1, connections() - before
         # a producer's asyncio client too (its MasterNotFoundError is another class)
-        out = run_cli("produce", "--redis-url", setup.url, "--run", "x", "--seconds", "20")
+        before = connections()
+        out = run_cli("produce", "--redis-url", setup.url, "--run", "x", "--seconds", "20",
+                      env={**clean_env(), "ROLLSTREAM_SENTINEL_PASSWORD": "wrong"})
         assert out.returncode == 1 and "refused the credentials" in out.stderr, out.stderr
         assert "retrying" not in out.stderr, out.stderr
+        assert connections() - before == 1, connections() - before
+        admin.close()
         right = {**clean_env(), "ROLLSTREAM_SENTINEL_PASSWORD": "sentPW"}
         out = run_cli("status", "--redis-url", setup.url, "--run", "x", env=right)
         assert "refused the credentials" not in out.stderr, out.stderr  # the run is missing
