@@ -300,7 +300,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GEN}::test_require_version_holds_turns_until_a_server_catches_up",),
     ),
     Mutant(
-        "openai-recorded-version", "producers/policies/openai.py",
+        "openai-recorded-version", "producers/llm/labels.py",
         "if answer.version is not None:",
         "if False:",
         "a turn the server does not version records the version recorded for its server",
