@@ -243,7 +243,8 @@ class AgentLLMConfig(OpenAIPolicyConfig):
     (`context.llm`, producers/policies/agent.py), with the `openai` policy's server fields
     (no `type`; `partial_rollout` is the policy block's own)."""
 
-    type: Literal["openai"] = "openai"
+    type: Literal["openai"] = Field(default="openai", exclude=True)
+    partial_rollout: PartialRollout = Field(default_factory=PartialRollout, exclude=True)
 
     @model_validator(mode="after")
     def _partial_rollout_is_the_blocks(self) -> AgentLLMConfig:

@@ -1332,6 +1332,79 @@ MUTANTS: tuple[Mutant, ...] = (
         "none of the producer's environment variables (API keys) reach the python tool",
         (f"{TOOLS}::test_each_call_gets_a_fresh_directory_and_none_of_our_environment",),
     ),
+    # -- a python policy's own agent loop (policy.llm, producers/policies/agent.py) ----------
+    Mutant(
+        "agent-records-calls", "producers/policies/agent.py",
+        "        calls[index] = turn\n",
+        "",
+        "every model call an agent makes during an act is recorded on the step",
+        ("tests/test_agent_policy.py::test_the_example_agent_solves_with_the_tool_and_records_every_call",
+         "tests/test_agent_policy.py::test_token_in_token_out_calls_extend_their_own_conversation"),
+    ),
+    Mutant(
+        "agent-call-order", "producers/policies/agent.py",
+        "        own, earlier = made[-1], made[:-1]\n",
+        "        own, earlier = made[0], made[1:]\n",
+        "an agent's calls are recorded in call order, the last one the step's own",
+        ("tests/test_agent_policy.py::test_token_in_token_out_calls_extend_their_own_conversation",),
+    ),
+    Mutant(
+        "agent-labels-version", "producers/policies/agent.py",
+        "        label_version(turn, answer, ctx.version, host._context is not None)\n",
+        "        turn.version, turn.version_source = ctx.version, \"producer\"\n",
+        "an agent's call is labelled with the weights that generated it (as the openai "
+        "policy's turns)",
+        ("tests/test_agent_policy.py::test_token_in_token_out_calls_extend_their_own_conversation",),
+    ),
+    Mutant(
+        "agent-conversation-extends", "producers/policies/agent.py",
+        "            conversations[id(messages)] = state\n",
+        "",
+        "token-in/token-out: an agent's next call on a message list extends its ids exactly",
+        ("tests/test_agent_policy.py::test_token_in_token_out_calls_extend_their_own_conversation",),
+    ),
+    Mutant(
+        "agent-sticky-session", "producers/policies/agent.py",
+        "        session = session_key(ctx.mode, ctx.group_id, ctx.episode_id)",
+        "        session = None",
+        "an agent's calls go to the episode's sticky server, as the openai policy's turns",
+        ("tests/test_agent_policy.py::test_token_in_token_out_calls_extend_their_own_conversation",),
+    ),
+    Mutant(
+        "agent-no-half-turn", "producers/policies/agent.py",
+        "            if saved is None:\n                scratch.pop(CONVERSATIONS_KEY, None)\n",
+        "            if saved is None:\n                pass\n",
+        "an act that fails leaves the agent's conversations' ids as they were",
+        ("tests/test_agent_policy.py::test_a_failed_act_records_nothing_and_leaves_the_ids_as_they_were",),
+    ),
+    Mutant(
+        "codec-call-arrays", "schemas/codec.py",
+        "                        call[name] = _as_array(call[name])\n",
+        "                        pass\n",
+        "an agent's earlier calls' token arrays come back as arrays from the wire",
+        ("tests/test_agent_policy.py::test_the_example_agent_solves_with_the_tool_and_records_every_call",),
+    ),
+    Mutant(
+        "batch-expands-model-calls", "consumer/batch.py",
+        "    calls = step.get(\"model_calls\")\n    if not calls:\n",
+        "    calls = step.get(\"model_calls\")\n    if True:\n",
+        "turn_tokens and trajectory_tokens give every model call of a step, in order",
+        ("tests/test_agent_policy.py::test_the_example_agent_solves_with_the_tool_and_records_every_call",),
+    ),
+    Mutant(
+        "rollout-oldest-call", "producers/rollout.py",
+        "    return min(oldest, *map(_oldest, calls)) if calls else oldest\n",
+        "    return oldest\n",
+        "the staleness bound counts a step's oldest model call",
+        ("tests/test_agent_policy.py::test_the_staleness_bound_counts_an_agents_oldest_call",),
+    ),
+    Mutant(
+        "discarded-counts-calls", "consumer/assembly.py",
+        "                     for call in (*step.get(\"model_calls\", ()), step)\n",
+        "                     for call in (step,)\n",
+        "a dropped trajectory's discarded tokens count an agent's earlier calls",
+        ("tests/test_agent_policy.py::test_the_staleness_bound_counts_an_agents_oldest_call",),
+    ),
 )
 
 

@@ -14,16 +14,21 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from helpers import ROOT, clean_env, small_config
+from helpers import ONE_STEP_ENV_ID, ROOT, clean_env, publish, small_config
 from llm_helpers import MODEL, fake_llm_factory
 from real_servers import load_tiny_model_script
 
 from consumer import Batcher
-from producers.envs import build_env
+from producers.control import ControlState
+from producers.envs import build_env, make_env
 from producers.llm.chat import turn_seed
 from producers.policies import StepContext, make_policy
-from producers.policies.agent import CALL_SEED_STRIDE, CALLS_KEY, CONVERSATIONS_KEY
+from producers.policies.agent import CALL_SEED_STRIDE, CALLS_KEY, CONVERSATIONS_KEY, recorded
+from producers.policies.protocol import Turn
+from producers.rollout import EnvSlot, play_episode
 from rollstream.fake_llm import player
+from schemas.codec import ENTRY_FIELD, encode_trajectory
+from schemas.errors import BatchTimeout
 from schemas.keys import Keys
 from schemas.policy import server_record
 
@@ -129,14 +134,14 @@ def test_the_example_agent_solves_with_the_tool_and_records_every_call(
 
 
 # -- token-in/token-out: each message list its own conversation ------------------------------
-def lake_agent_config(base_url: str, tokenizer: str, **kwargs: Any) -> Any:
+def lake_agent_config(base_urls: list[str], tokenizer: str, **kwargs: Any) -> Any:
     lake = {"env_type": "frozen_lake", "env_config": {"size": 4, "p": 0.8,
                                                       "is_slippery": False, "max_steps": 4}}
     return small_config(
         rollout_batch_size=8, val_env_manager=None, custom_envs={"Lake": lake},
         train_env_manager={"num_env_groups": 2, "group_size": 4, "tags": ["Lake"]},
         policy={"type": "python", "entrypoint": f"{AGENTS}:make_reconsider", **kwargs,
-                "llm": {"base_urls": [base_url], "model": MODEL, "max_tokens": 64,
+                "llm": {"base_urls": base_urls, "model": MODEL, "max_tokens": 64,
                         "timeout_s": 10.0, "tokenizer": tokenizer}})
 
 
@@ -147,15 +152,17 @@ def test_token_in_token_out_calls_extend_their_own_conversation(
     from producers.llm.template import ChatTemplate
 
     tokenizer = str(model_dir / "thinking")  # drops earlier thinking when re-rendered
-    server = fake_llm(tokenizer=str(model_dir / "tokenizer.json"), latency_s=0.001)
-    config = lake_agent_config(server.base_url, tokenizer, subcall=subcall)
-    # the trainer's record: the server holds version 2, so every call is labelled with it
-    r.hset(Keys(run).servers, server.base_url, server_record(2))
+    servers = [fake_llm(tokenizer=str(model_dir / "tokenizer.json"), latency_s=0.001)
+               for _ in range(2)]
+    config = lake_agent_config([s.base_url for s in servers], tokenizer, subcall=subcall)
+    for server in servers:  # the trainer's record: version 2, so every call is labelled 2
+        r.hset(Keys(run).servers, server.base_url, server_record(2))
     batcher = Batcher(r, config, run=run)
     producer_thread()
     batch = batcher.get_batch(timeout_s=60)
     template = ChatTemplate.load(tokenizer)
-    requests = {body["seed"]: body for body in list(server.requests)}
+    requests = {body["seed"]: body for s in servers for body in list(s.requests)}
+    sessions: dict[tuple[int, int], set[str]] = {}  # a group's episode -> its calls' servers
     multi = 0
     for traj in batch.trajectories:
         steps = traj["steps"]
@@ -168,6 +175,8 @@ def test_token_in_token_out_calls_extend_their_own_conversation(
                 assert call["response_ids_source"] == "server"
                 assert template.decode(call["response_ids"].tolist()) == call["response"]
                 assert (call["version"], call["version_source"]) == (2, "recorded")
+                sessions.setdefault((traj["group_id"], traj["episode_id"]), set()).add(
+                    call["server"])
             first, final = calls[0], calls[-1]
             sent = np.concatenate([first["prompt_ids"], first["response_ids"]])
             assert np.array_equal(final["prompt_ids"][:len(sent)], sent)  # extends the first
@@ -180,6 +189,8 @@ def test_token_in_token_out_calls_extend_their_own_conversation(
             assert np.array_equal(after["model_calls"][0]["prompt_ids"][:len(sent)], sent)
     assert multi, "no episode had a second step"
     assert traj_versions(batch) == {(2, 2)}
+    # sticky: every call of a group's episode went to one server (the openai policy's key)
+    assert all(len(used) == 1 for used in sessions.values()), sessions
     if subcall:  # the sub-call's prompt does not extend the conversation: not joined
         assert batch.trajectory_tokens().non_extending == len(batch.trajectories)
         rows = batch.turn_tokens()
@@ -196,7 +207,7 @@ def traj_versions(batch: Any) -> set[tuple[int, int]]:
 def test_a_failed_act_records_nothing_and_leaves_the_ids_as_they_were(
         fake_llm, model_dir: Path) -> None:
     server = fake_llm(tokenizer=str(model_dir / "tokenizer.json"))
-    config = lake_agent_config(server.base_url, str(model_dir), fail_after=1)
+    config = lake_agent_config([server.base_url], str(model_dir), fail_after=1)
     policy = make_policy(config.policy)
     env = build_env(config, "Lake")
     observation, _ = env.reset(seed=3)
@@ -238,3 +249,47 @@ def test_a_bad_llm_block_is_one_line_and_exit_2(tmp_path: Path, llm: str,
                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [f"rollstream: error: {path}: {message}"]
+
+
+# -- the staleness bound counts an agent's oldest call ---------------------------------------
+class OlderFirstCall:
+    """One step of two calls: the first generated by version 1, the last by version 3 (the
+    weights moved between them), recorded as the agent client records them."""
+
+    async def act(self, observation: Any, ctx: StepContext) -> tuple[Any, Turn]:
+        first = Turn(text="a", prompt_ids=[1, 2], response_ids=[3, 4, 5], logprobs=[-1.0] * 3,
+                     version=1, version_source="recorded")
+        last = Turn(text="b", prompt_ids=[1, 2, 3, 4, 5, 6], response_ids=[7, 8, 9, 10],
+                    logprobs=[-1.0] * 4, version=3, version_source="recorded")
+        return 0, recorded(last, [first, last])
+
+
+def test_the_staleness_bound_counts_an_agents_oldest_call(r: redis.Redis, run: str) -> None:
+    """Async, ratio 1, the run at version 3: an episode of step 3 whose step's first call came
+    from version 1 is 2 versions behind, dropped as stale with both calls' 7 tokens counted
+    as discarded. Labelled by its last call (3) it would pass."""
+    batcher = Batcher(r, small_config(async_generation_ratio=1), run=run)
+    for _ in range(3):
+        publish(batcher)
+    k = 12  # created at step 3 (4 episodes per step): live, admitted at version 3
+
+    async def play(member: int) -> dict[str, Any]:
+        async def gate() -> bool:
+            return True
+
+        slot = EnvSlot(mode="train", env_id=member, group_id=0, member=member, shard=0,
+                       tag="FrozenLake", env=make_env(ONE_STEP_ENV_ID, {}), k=k)
+        control = ControlState()
+        control.version = 3
+        return await play_episode(slot, seed=1, producer_id="p", policy=OlderFirstCall(),
+                                  control=control, gate=gate)
+
+    trajs = [asyncio.run(play(member)) for member in range(4)]
+    assert all((t["version_start"], t["version_end"]) == (1, 3) for t in trajs)
+    for t in trajs:
+        r.xadd(batcher.keys.stream("train", 0), {ENTRY_FIELD: encode_trajectory(t)})
+    with pytest.raises(BatchTimeout):  # looks once: the group is read and dropped
+        batcher.get_batch(timeout_s=0)
+    totals = batcher._shared.totals
+    assert totals["scheduler/stale_dropped"] == 4
+    assert totals["tokens_discarded/stale"] == 4 * 7
