@@ -1405,6 +1405,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "a dropped trajectory's discarded tokens count an agent's earlier calls",
         ("tests/test_agent_policy.py::test_the_staleness_bound_counts_an_agents_oldest_call",),
     ),
+    Mutant(
+        "model-servers-of-an-agent", "consumer/servers.py",
+        "            policy = llm\n",
+        "            pass\n",
+        "ModelServers.for_batcher takes a python policy's agent servers (policy.llm)",
+        ("tests/test_agent_policy.py::test_the_trainers_model_servers_are_the_agents",),
+    ),
 )
 
 

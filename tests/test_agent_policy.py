@@ -18,7 +18,7 @@ from helpers import ONE_STEP_ENV_ID, ROOT, clean_env, publish, small_config
 from llm_helpers import MODEL, fake_llm_factory
 from real_servers import load_tiny_model_script
 
-from consumer import Batcher
+from consumer import Batcher, ModelServers
 from producers.control import ControlState
 from producers.envs import build_env, make_env
 from producers.llm.chat import turn_seed
@@ -134,7 +134,7 @@ def test_the_example_agent_solves_with_the_tool_and_records_every_call(
 
 
 # -- token-in/token-out: each message list its own conversation ------------------------------
-def lake_agent_config(base_urls: list[str], tokenizer: str, **kwargs: Any) -> Any:
+def lake_agent_config(base_urls: list[str], tokenizer: str | None, **kwargs: Any) -> Any:
     lake = {"env_type": "frozen_lake", "env_config": {"size": 4, "p": 0.8,
                                                       "is_slippery": False, "max_steps": 4}}
     return small_config(
@@ -142,7 +142,7 @@ def lake_agent_config(base_urls: list[str], tokenizer: str, **kwargs: Any) -> An
         train_env_manager={"num_env_groups": 2, "group_size": 4, "tags": ["Lake"]},
         policy={"type": "python", "entrypoint": f"{AGENTS}:make_reconsider", **kwargs,
                 "llm": {"base_urls": base_urls, "model": MODEL, "max_tokens": 64,
-                        "timeout_s": 10.0, "tokenizer": tokenizer}})
+                        "timeout_s": 10.0, **({"tokenizer": tokenizer} if tokenizer else {})}})
 
 
 @pytest.mark.parametrize("subcall", [False, True], ids=["one-conversation", "with-subcall"])
@@ -198,6 +198,12 @@ def test_token_in_token_out_calls_extend_their_own_conversation(
     else:
         check_tokens(batch, 2)
     batcher.ack(batch)
+
+
+def test_the_trainers_model_servers_are_the_agents(r: redis.Redis, run: str) -> None:
+    urls = ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"]
+    batcher = Batcher(r, lake_agent_config(urls, ""), run=run)
+    assert ModelServers.for_batcher(batcher).base_urls == urls
 
 
 def traj_versions(batch: Any) -> set[tuple[int, int]]:
@@ -293,3 +299,12 @@ def test_the_staleness_bound_counts_an_agents_oldest_call(r: redis.Redis, run: s
     totals = batcher._shared.totals
     assert totals["scheduler/stale_dropped"] == 4
     assert totals["tokens_discarded/stale"] == 4 * 7
+
+
+def test_the_docs_show_the_example_as_it_is() -> None:
+    """docs/policies.md shows the example's class; a change to one must reach the other."""
+    docs = (ROOT / "docs/policies.md").read_text()
+    shown = docs.split("```python\nclass Solver:", 1)[1].split("```", 1)[0]
+    example = (ROOT / "examples/agent_policy.py").read_text()
+    assert "class Solver:" + shown in example
+    assert len(shown.strip().splitlines()) + 1 <= 30
