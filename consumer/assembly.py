@@ -170,8 +170,9 @@ class Assembly:
 
     def _discarded(self, state: ModeState, reason: str, msgs: list[dict[str, Any]]) -> None:
         """Count the generated tokens of trajectories dropped for `reason`."""
-        tokens = sum(len(step["response_ids"]) for msg in msgs for step in msg["steps"]
-                     if step.get("response_ids") is not None)
+        tokens = sum(len(call["response_ids"]) for msg in msgs for step in msg["steps"]
+                     for call in (*step.get("model_calls", ()), step)
+                     if call.get("response_ids") is not None)
         if tokens:
             self._shared.count(state, TOKENS_DISCARDED + reason, tokens)
 

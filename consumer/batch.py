@@ -112,6 +112,10 @@ class TurnTokens:
     response_versions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
     token_rewards: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
     versions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # [N] int64: the model call within its turn (an agent's `model_calls` first, in call
+    # order, then the step's own: 0 for a turn of one call); the turn's reward is on its
+    # last call only
+    call_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.traj_index)
@@ -145,6 +149,15 @@ class TrajectoryTokens:
 
     def __len__(self) -> int:
         return len(self.traj_index)
+
+
+def model_calls(step: dict[str, Any]) -> list[dict[str, Any]]:
+    """A step's model calls in order: an agent's earlier calls (`model_calls`, reward 0:
+    the step's reward is its last call's), then the step itself."""
+    calls = step.get("model_calls")
+    if not calls:
+        return [step]
+    return [*({**call, "reward": 0.0} for call in calls), step]
 
 
 def _ids(step: dict[str, Any], name: str) -> np.ndarray | None:
@@ -199,13 +212,16 @@ def turn_tokens(trajs: list[dict[str, Any]], group_index: np.ndarray, *, pad_id:
     """`Batch.turn_tokens` over a list of trajectories."""
     prompts, responses, logprobs, token_versions, token_rewards = [], [], [], [], []
     rewards, scores, traj_index, turn_index, groups, versions = [], [], [], [], [], []
+    call_index = []
     missing = 0
     for i, traj in enumerate(trajs):
-        for t, step in enumerate(traj["steps"]):
+        for t, c, step in ((t, c, call) for t, whole in enumerate(traj["steps"])
+                           for c, call in enumerate(model_calls(whole))):
             prompt, response = _ids(step, "prompt_ids"), _ids(step, "response_ids")
             if prompt is None or response is None:
                 missing += "response" in step
                 continue
+            call_index.append(c)
             prompts.append(prompt)
             responses.append(response)
             logprobs.append(_turn_logprobs(step, len(response)))
@@ -228,7 +244,8 @@ def turn_tokens(trajs: list[dict[str, Any]], group_index: np.ndarray, *, pad_id:
         np.array(rewards, dtype=np.float32), np.array(scores, dtype=np.float32),
         np.array(traj_index, dtype=np.int64), np.array(turn_index, dtype=np.int64),
         np.array(groups, dtype=np.int64), missing, _pad(token_versions, np.int64, -1)[0],
-        _pad(token_rewards, np.float32, 0.0)[0], np.array(versions, dtype=np.int64))
+        _pad(token_rewards, np.float32, 0.0)[0], np.array(versions, dtype=np.int64),
+        np.array(call_index, dtype=np.int64))
 
 
 def _joined(steps: list[dict[str, Any]]) -> tuple[list[np.ndarray], str]:
@@ -242,7 +259,7 @@ def _joined(steps: list[dict[str, Any]]) -> tuple[list[np.ndarray], str]:
     rews: list[np.ndarray] = []
     length = 0
     seq = np.zeros(0, dtype=np.int32)
-    for t, step in enumerate(steps):
+    for t, step in ((t, call) for t, whole in enumerate(steps) for call in model_calls(whole)):
         prompt, response = _ids(step, "prompt_ids"), _ids(step, "response_ids")
         if prompt is None or response is None:
             return [], "missing"

@@ -165,8 +165,12 @@ class ModelServers:
                     **kwargs: Any) -> ModelServers:
         """The servers of the run `batcher` serves: its Redis client and run, the staleness
         bound of its config, the openai policy's `base_urls` and API key, and the pause mode
-        its `partial_rollout.in_flight` asks for (`consumer.partial`), unless given."""
+        its `partial_rollout.in_flight` asks for (`consumer.partial`), unless given. A python
+        policy's agent servers (`policy.llm`) count as the openai policy's."""
         policy = batcher.config.policy
+        llm = getattr(policy, "llm", None)
+        if isinstance(llm, OpenAIPolicyConfig):  # a python policy's own agent loop
+            policy = llm
         if "base_urls" not in kwargs:
             if not isinstance(policy, OpenAIPolicyConfig):
                 raise ConfigError("ModelServers.for_batcher: the run's policy is not openai; "

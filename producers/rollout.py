@@ -154,9 +154,11 @@ async def play_episode(slot: EnvSlot, **kwargs: Any) -> dict[str, Any]:
 
 
 def generated_tokens(steps: list[dict[str, Any]]) -> int:
-    """The response tokens of these steps (those that carry ids)."""
-    return sum(len(step["response_ids"]) for step in steps
-               if step.get("response_ids") is not None)
+    """The response tokens of these steps (those that carry ids), an agent's earlier calls
+    (`model_calls`) included."""
+    return sum(len(call["response_ids"]) for step in steps
+               for call in (*step.get("model_calls", ()), step)
+               if call.get("response_ids") is not None)
 
 
 async def _play(
@@ -299,20 +301,28 @@ async def _model_step(response: Any, action: Any, env: Any, env_step: Callable[[
 
 
 def _oldest(step: dict[str, Any]) -> int:
-    """The version of a step's oldest token: its `version`, or an older span's."""
+    """The version of a step's oldest token: its `version`, or an older span's, or an older
+    call's (`model_calls`: an agent's earlier calls of the step)."""
     spans = step.get("version_spans")
     if spans:
-        return min(int(step["version"]), *(int(row[0]) for row in spans))
-    return int(step["version"])
+        oldest = min(int(step["version"]), *(int(row[0]) for row in spans))
+    else:
+        oldest = int(step["version"])
+    calls = step.get("model_calls")
+    return min(oldest, *map(_oldest, calls)) if calls else oldest
 
 
 def _newest(step: dict[str, Any]) -> int:
     """The version of a step's newest token: its last span's, or `version_end` (a turn
-    updated mid-turn on a server that reports no spans), else its `version`."""
+    updated mid-turn on a server that reports no spans), else its `version`; an earlier
+    call's where newer."""
     spans = step.get("version_spans")
     if spans:
-        return max(int(row[0]) for row in spans)
-    return int(step.get("version_end", step["version"]))
+        newest = max(int(row[0]) for row in spans)
+    else:
+        newest = int(step.get("version_end", step["version"]))
+    calls = step.get("model_calls")
+    return max(newest, *map(_newest, calls)) if calls else newest
 
 
 def _add_reply(step: dict[str, Any], response: Any) -> None:

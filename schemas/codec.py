@@ -22,6 +22,9 @@ ENTRY_FIELD = b"data"  # the stream entry field holding the message
 # Step fields that may carry numpy arrays (an env's observation and action, an LLM turn's
 # token ids and logprobs); the decoder restores arrays there and nowhere else.
 STEP_ARRAY_FIELDS = ("observation", "action", "prompt_ids", "response_ids", "logprobs")
+# A step's `model_calls` (an agent's earlier model calls, producers/policies/agent.py): a
+# list of maps, each with its own token arrays.
+CALL_ARRAY_FIELDS = ("prompt_ids", "response_ids", "logprobs")
 
 # Fields every trajectory message carries (the decoder refuses a message missing one).
 REQUIRED_FIELDS: dict[str, type | tuple[type, ...]] = {
@@ -150,6 +153,10 @@ def decode_trajectory(data: bytes) -> dict[str, Any]:
             for name in STEP_ARRAY_FIELDS:
                 if type(step.get(name)) is dict:
                     step[name] = _as_array(step[name])
+            for call in step.get("model_calls") or ():  # an agent's earlier calls
+                for name in CALL_ARRAY_FIELDS:
+                    if type(call.get(name)) is dict:
+                        call[name] = _as_array(call[name])
         if type(msg.get("final_observation")) is dict:
             msg["final_observation"] = _as_array(msg["final_observation"])
     return msg

@@ -238,15 +238,38 @@ def _check_base_url(url: str) -> str:
     return url.rstrip("/")
 
 
+class AgentLLMConfig(OpenAIPolicyConfig):
+    """`policy.llm` of a python policy: the model servers its own agent calls
+    (`context.llm`, producers/policies/agent.py), with the `openai` policy's server fields
+    (no `type`; `partial_rollout` is the policy block's own)."""
+
+    type: Literal["openai"] = Field(default="openai", exclude=True)
+    partial_rollout: PartialRollout = Field(default_factory=PartialRollout, exclude=True)
+
+    @model_validator(mode="after")
+    def _partial_rollout_is_the_blocks(self) -> AgentLLMConfig:
+        # the field comes with the openai policy's model; only its default may be here (a
+        # published config spells it out)
+        if self.partial_rollout != PartialRollout():
+            raise ValueError("partial_rollout: set it on the policy block, not in llm")
+        return self
+
+
 class PythonPolicyConfig(_PartialRolloutField):
     """A user's policy: `entrypoint` is `package.module:factory` or `path/to/file.py:factory`
     (a relative file is resolved against the config file's folder); every other key of the
-    block is passed to the factory as a keyword argument."""
+    block is passed to the factory as a keyword argument, except `llm`: the model servers
+    its agent calls through the producer's pool (`AgentLLMConfig`, given to the policy's
+    `start(context)` as `context.llm`)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
     type: Literal["python"]
     entrypoint: str = Field(min_length=3)
+    llm: AgentLLMConfig | None = Field(
+        default=None, description="model servers for the policy's own agent calls "
+        "(context.llm): the openai policy's fields (base_urls, model, tokenizer, sampling, "
+        "api_key_env, timeout_s, ...)")
 
     @field_validator("entrypoint")
     @classmethod

@@ -145,6 +145,10 @@ def _step(step: dict[str, Any], action_names: Sequence[str] | None) -> dict[str,
             if counted is not None and value is not None:
                 out[counted] = len(value)
             continue
+        if name == "model_calls" and type(value) is list:  # an agent's calls: counts too
+            out[name] = [_step(call, None) if type(call) is dict else _slim(call, 1)
+                         for call in value[:MAX_ITEMS]]
+            continue
         out[name] = _slim(value)
     action = step.get("action")
     if action_names and isinstance(action, int | np.integer) \

@@ -35,5 +35,10 @@ def make_policy(config: PolicyConfig) -> Policy:
     if config.type == "python":
         from producers.policies.python import load_python_policy
 
-        return load_python_policy(config)
+        policy = load_python_policy(config)
+        if config.llm is None:
+            return policy
+        from producers.policies.agent import AgentPolicy  # its own agent loop (policy.llm)
+
+        return AgentPolicy(policy, config.llm)
     raise ValueError(f"policy.type {config.type!r} has no implementation")

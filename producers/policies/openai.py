@@ -44,6 +44,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from producers import metrics
+from producers.llm.labels import label_version
 from producers.llm.routing import session_key
 from producers.llm.sampling import for_turn
 from producers.policies.protocol import PolicyContext, StepContext, Turn
@@ -216,21 +217,7 @@ class OpenAIPolicy:
         answer = answered[0]
         if self._aborting:
             self._aborting.pop(answer.server.base_url, None)
-        if (turn.version is not None and answer.version is None
-                and turn.version > ctx.version + 1 and self._context is not None):
-            # reported by a server the run has no record of, and ahead of any version the run
-            # can have loaded (one ahead: an update lands before its publish): another run's
-            # weights or a launch flag, not one of this run's versions
-            turn.version = turn.version_source = None
-        if turn.version is None:  # the server did not say: what was recorded, else ours
-            if answer.version is not None:
-                turn.version, turn.version_source = answer.version, "recorded"
-                if answer.version_end is not None and answer.version_end != answer.version:
-                    # updated mid-turn and no per-token spans: which tokens came from which
-                    # weights is unknown; every token keeps the oldest, the end is recorded
-                    turn.extra["version_end"] = answer.version_end
-            else:
-                turn.version, turn.version_source = ctx.version, "producer"
+        label_version(turn, answer, ctx.version, self._context is not None)
         messages.append({"role": "assistant", "content": turn.text})
         ids = prompt_ids[0]
         if ids is not None and tito is not None:  # the next turn extends these ids

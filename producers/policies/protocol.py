@@ -12,7 +12,8 @@ The protocol (only `act` is required):
 - `act_now(observation, ctx)`: the same pair without an await, or None to fall back to
   `act`; a random or numpy policy then costs no coroutine per step.
 - `async start(context)` (or `async start()`): once, before any episode (check servers,
-  load a model); `context` is a `PolicyContext` (the run's Redis client, keys and config).
+  load a model); `context` is a `PolicyContext` (the run's Redis client, keys and config;
+  `context.llm`, the model client of a python policy with `policy.llm`).
   Raise `PolicyError` to make the producer exit 1 with that one line.
 - `async close()`: once, when the producer stops.
 
@@ -125,6 +126,10 @@ class PolicyContext:
     config: RolloutConfig  # the run's config (`config.ratio`: the staleness bound)
     producer_id: str
     poll_interval_s: float = 0.2  # how often the producer polls its control state
+    # a python policy with `policy.llm`: its model client (`producers.policies.agent.LLM`:
+    # `await llm.chat(messages, ctx)`, one model call through the producer's server pool,
+    # recorded on the step token for token); None otherwise
+    llm: Any = None
 
 
 async def start_policy(policy: Any, context: PolicyContext) -> None:

@@ -3,7 +3,8 @@
 `entrypoint` is `package.module:factory` (imported from `sys.path`: the producer's working
 folder and PYTHONPATH) or `path/to/file.py:factory` (loaded from that file; a relative path
 was resolved against the config file's folder when the config was read). The block's other
-keys are the factory's keyword arguments. Anything that goes wrong here is a `PolicyError`
+keys are the factory's keyword arguments (but `llm`: the model servers of the policy's own
+agent loop, `producers.policies.agent`). Anything that goes wrong here is a `PolicyError`
 of one line naming the entrypoint, and the producer exits 1 with it.
 """
 
