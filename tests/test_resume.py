@@ -205,10 +205,23 @@ def test_an_aborted_turn_resumes_from_its_tokens_never_doubled(
         assert step["version"] == spans[0][0] < spans[-1][0]
         held += spans[0][0] == 1  # aborted by the update under the hold (1 -> 2)
     assert held, "no turn held at version 1 was resumed"
-    # the continuation's prompt is the turn's prompt and the partial's ids, its cap less them
-    continuations = [b for b in list(server.requests) if b["seed"] in
-                     {seed for _, seed in resumed}]
-    assert any(b["max_tokens"] < config.policy.max_tokens for b in continuations)
+    # each continuation's prompt is the turn's prompt and every id sampled before it (never
+    # the prompt alone: a reply sampled again from scratch would double the partial's span),
+    # its cap the turn's less those ids
+    sent: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for body in list(server.requests):
+        sent[body["seed"]].append(body)
+    for step, seed in resumed:
+        prompt, response = step["prompt_ids"].tolist(), step["response_ids"].tolist()
+        bodies = [b for b in sent[seed] if b["prompt"][:len(prompt)] == prompt]
+        assert len(bodies) >= len(by_seed[seed])  # (503s during vLLM's pause: sent again)
+        done = 0
+        for body in bodies:
+            assert body["prompt"] == prompt + response[:len(body["prompt"]) - len(prompt)]
+            assert body["max_tokens"] == bodies[0]["max_tokens"] - (len(body["prompt"])
+                                                                    - len(prompt))
+            done = max(done, len(body["prompt"]) - len(prompt))
+        assert done == sum(len(a["ids"]) for a in by_seed[seed][:-1])
     assert discarded() == lost  # nothing thrown away
     assert server.stats["tokens_generated"] == sum(len(s["response_ids"]) for s, _ in steps)
     assert continued("resumed") - resumed_before == len(resumed)

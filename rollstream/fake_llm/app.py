@@ -78,7 +78,7 @@ class FakeLLMServer:
                                         self.options.prefill_s_per_token)
         self._hold: bytes | None = None  # requests whose body carries this wait for release()
         # token-id prompt -> the rest of an aborted completion (its continuation's answer)
-        self.unfinished: dict[tuple[int, ...], tuple[list[int], list[float]]] = {}
+        self.unfinished: dict[tuple[int, ...], tuple[list[int], list[float], int]] = {}
         self._held: set[Pending] = set()
         self.pending: set[Pending] = set()
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -27,7 +27,8 @@ of its reply here), their logprobs and version, as both servers' released code d
   with finish_reason "abort" (`serving_completions.py:609-625`).
 A request whose prompt is an aborted one's prompt + the ids it answered is that reply's
 continuation: the stand-in answers the rest of the reply it had cut (a model asked to go on
-from its own partial output), from the weights in force now.
+from its own partial output), from the weights in force now; `stats["tokens_resumed"]` counts
+the cut tokens a continuation carried on (of `stats["tokens_cut"]`).
 
 Shapes, from the released code:
 - vLLM 0.33 (`entrypoints/openai/completion/protocol.py`): `prompt` ids or text (:53);
@@ -184,8 +185,9 @@ async def _complete(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[st
     rng = random.Random(int.from_bytes(
         hashlib.blake2b(raw, digest_size=8, key=str(opts.seed).encode()).digest(), "little"))
     rest = server.unfinished.pop(tuple(ids), None)  # the continuation of an aborted reply
-    if rest is not None:
-        out, logprobs = rest
+    if rest is not None:  # the aborted request's tokens are carried on by this one
+        out, logprobs, kept = rest
+        server.stats["tokens_resumed"] += kept
     else:
         text, good = reply(messages_of(vocabulary.decode(ids)),
                            float(body.get("temperature", 1.0) or 0.0), rng,
@@ -206,6 +208,7 @@ async def _complete(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[st
         if why == "done":
             why = await server.wait(delay)
     except BaseException:  # closed by the client: half of it had been sampled
+        server.stats["cancelled"] += 1
         server.stats["tokens_generated"] += len(out) // 2
         server.stats["tokens_cut"] += len(out) // 2
         raise
@@ -250,7 +253,7 @@ def _aborted(server: FakeLLMServer, prompt: list[int], out: list[int],
     if kept and kept < len(out):
         if len(server.unfinished) >= UNFINISHED_KEPT:
             server.unfinished.pop(next(iter(server.unfinished)))
-        server.unfinished[tuple(prompt + out[:kept])] = (out[kept:], logprobs[kept:])
+        server.unfinished[tuple(prompt + out[:kept])] = (out[kept:], logprobs[kept:], kept)
     return out[:kept], logprobs[:kept], "abort"
 
 
