@@ -398,6 +398,5 @@ def _resumable(turn: Turn) -> bool:
 def _fallback_version(answer: Any, ctx: StepContext) -> tuple[int, str]:
     """The version of an answer whose own labels say nothing: the one recorded for the
     server that gave it, else the producer's."""
-    if answer.version is not None:
-        return int(answer.version), "recorded"
-    return ctx.version, "producer"
+    recorded = answer.version
+    return (ctx.version, "producer") if recorded is None else (int(recorded), "recorded")
