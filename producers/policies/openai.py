@@ -21,8 +21,10 @@ weights it is recorded with (restarted) is set aside by the pool, never labelled
 train episode belongs to (`create(k)`, so the trajectory is at most `async_generation_ratio`
 versions stale when handed out; a val turn: `run version - ratio`), and waits while none
 does. A turn the server aborted raises
-`TurnAborted` (the producer sends it again through its gate); a turn cut short leaves the
-conversation as it was.
+`TurnAborted` (the producer sends it again through its gate), except with
+`policy.partial_rollout.in_flight: resume` and token-in/token-out, where it is continued from
+the ids its answer carried (`_resume`, `producers.llm.tito.Resumed`); a turn cut short leaves
+the conversation as it was.
 
 With `policy.tokenizer` the turns are token-in/token-out (`producers.llm.tito`): the
 producer applies the model's chat template, sends the prompt's ids to `/completions`, and
