@@ -1381,6 +1381,14 @@ MUTANTS: tuple[Mutant, ...] = (
          f"{RESUME}::test_an_aborted_turn_resumes_from_its_tokens_never_doubled[sglang]"),
     ),
     Mutant(
+        "resume-waits-while-loading", "producers/policies/openai.py",
+        "                    await asyncio.sleep(RESUME_WAIT_S)\n",
+        "                    pass\n",
+        "a continuation the server aborts at once (loading) waits before the next: no busy "
+        "loop of requests",
+        (f"{RESUME}::test_a_continuation_aborted_while_the_server_loads_waits_and_resumes",),
+    ),
+    Mutant(
         "turns-kept-counted", "producers/rollout.py",
         "    elif _newest(step) != _oldest(step):\n",
         "    elif False:\n",

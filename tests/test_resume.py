@@ -257,3 +257,57 @@ def _cursors_at(r: redis.Redis, keys: Any, k: int) -> bool:
 def _seeds(traj: dict[str, Any]) -> list[int]:
     from llm_helpers import step_seeds
     return step_seeds(traj)
+
+
+def test_a_continuation_aborted_while_the_server_loads_waits_and_resumes(
+        fake_llm, model_dir: Path) -> None:
+    """SGLang flavor that aborts what comes while it loads (`during_load: abort`): the update
+    aborts the held turn (its tokens so far come back); each continuation sent during the
+    1 s load is aborted at once with no token and the policy waits `RESUME_WAIT_S` before the
+    next (a handful of requests, not a busy loop); after the load the continuation finishes
+    the turn: the partial + the rest, each token once."""
+    import asyncio
+
+    from llm_helpers import http
+
+    from producers.envs import build_env
+    from producers.policies import make_policy
+    from producers.policies.protocol import StepContext
+
+    server = fake_llm(flavor="sglang", tokenizer=str(model_dir / "tokenizer.json"),
+                      load_time_s=1.0, during_load="abort", latency_s=0.001)
+    config = lake_config([server.base_url], tokenizer=str(model_dir),
+                         partial_rollout={"in_flight": "resume"})
+    env = build_env(config, "Lake")
+    obs, _ = env.reset(seed=5)
+    ctx = StepContext(env=env, seed=5, version=0, mode="train", group_id=0, episode_id=0,
+                      member=0, tag="Lake")
+    server.hold()
+
+    async def scenario() -> Any:
+        policy = make_policy(config.policy)
+        await policy.start()
+        try:
+            turn = asyncio.create_task(policy.act(obs, ctx))
+            while server.stats["held"] < 1:
+                await asyncio.sleep(0.01)
+            update = asyncio.create_task(asyncio.to_thread(
+                http, f"{server.url}/update_weights_from_disk",
+                {"model_path": "/ckpt/1", "weight_version": "1", "abort_all_requests": True}))
+            while not (server.stats["held"] >= 1 and not server.loading and update.done()):
+                await asyncio.sleep(0.01)  # the continuation held after the load
+            server.release()
+            return (await asyncio.wait_for(turn, 30))[1]
+        finally:
+            await policy.close()
+
+    turn = asyncio.run(scenario())
+    assert server.stats["completions"] <= 1.0 / 0.2 + 4  # waited between them, no busy loop
+    answers = list(server.answers)
+    ids = [i for a in answers for i in a["ids"]]
+    assert turn.response_ids.tolist() == ids and len(answers[0]["ids"]) > 0
+    empty = [a for a in answers if a["finish_reason"] == "abort" and not a["ids"]]
+    assert empty, "no continuation came during the load"
+    assert turn.extra["resumed"] == len(answers) - 1
+    assert turn.version == 0 and turn.extra["version_spans"] == [
+        [0, 0, len(answers[0]["ids"])], [1, len(answers[0]["ids"]), len(ids)]]

@@ -65,6 +65,8 @@ _DEFAULT_PROMPT = AgentPrompt(DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPL
 # built without `build_env` (no tag)
 ABORT_WARN_S = 30.0  # a server that has aborted every turn this long is warned about
 SERVERS_POLL_S = 1.0  # `{RUN}:servers` is read at least this often (and on a version change)
+RESUME_WAIT_S = 0.2  # `in_flight: resume`: a continuation aborted with no new token waits
+# this long before the next (a server that aborts what comes while it loads)
 
 
 class OpenAIPolicy:
@@ -279,6 +281,8 @@ class OpenAIPolicy:
                     raise TurnAborted(f"model server {answer.server.base_url} aborted it",
                                       len(resumed.ids) + len(piece.response_ids or ()))
                 resumed.add(piece, *_fallback_version(answer, ctx))
+                if not len(piece.response_ids):  # aborted at once (loading): not in a loop
+                    await asyncio.sleep(RESUME_WAIT_S)
         except TurnAborted:
             raise
         except BaseException:

@@ -180,6 +180,12 @@ async def _complete(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[st
     if paused is not None:
         return server.refused(paused)
     if not server.control.generating():
+        if server.options.during_load == "abort":  # as the chat endpoint: aborted at once
+            server.stats["aborted"] += 1
+            server.answers.append({"seed": body.get("seed"), "model": model,
+                                   "finish_reason": "abort", "tokens": 0,
+                                   "weight_version": server.control.label, "ids": []})
+            return json_response(answer(server, vocabulary, body, ids, [], [], "abort"))
         await server.control.wait_generating()
     opts = server.options
     rng = random.Random(int.from_bytes(
