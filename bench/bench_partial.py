@@ -14,12 +14,16 @@ trajectory (handed out, or committed to the streams) or was thrown away:
                 - the tokens of the trajectories left in the streams at the end
 
 (the stand-in counts what it sampled: a completed answer's tokens, half of an aborted or
-closed request's, `tokens_cut`). Discarded tokens are of two kinds: those of turns cut (aborted
-by an update, closed by a pause), and whole turns of episodes that expired or were dropped as
-stale (the staleness bound's, not the update's). Printed per weight update (async) or per
+closed request's, `tokens_cut`, of which a resumed turn carried `tokens_resumed` on).
+Discarded tokens are of two kinds: those of turns cut (aborted by an update, closed by a
+pause) and not resumed, and whole turns of episodes that expired or were dropped as stale
+(the staleness bound's, not the update's). Printed per weight update (async) or per
 sync step (one publish each):
-- async (`async_generation_ratio: 1`, every env in the batch): `in_flight: keep` against
-  `abort` (the requests in flight at an update are aborted and sent again); target 0;
+- async (`async_generation_ratio: 1`, every env in the batch), token-in/token-out (the
+  repository's generated tokenizer, scripts/tiny_model.py, `policy.tokenizer`; the stand-in's
+  `/v1/completions`): `in_flight: keep` against `abort` (the requests in flight at an update
+  are aborted and sent again) and `resume` (aborted, then continued from the tokens the
+  aborting answer carried); target 0;
 - sync, a batch of half the envs (the other half are in flight at each hand-out): on-policy
   (the default: they expire at the publish) against `sync_carry_over: true`;
 - how long an update holds generation: `ModelServers.update`'s wall time, from the pause to the
@@ -29,9 +33,11 @@ sync step (one publish each):
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,10 +67,17 @@ class Result:
     aborted: int  # requests the server aborted
     cancelled: int  # requests the producer closed
     stale_dropped: float
+    resumed_cut: int = 0  # tokens of aborted requests a resumed turn carried on
+    resumed: int = 0  # turns resumed (aborted, continued from their tokens)
 
     @property
     def discarded(self) -> int:
         return self.generated - self.handed - self.left
+
+    @property
+    def cut_lost(self) -> int:
+        """Tokens of requests cut that were thrown away (not carried on by a resume)."""
+        return self.cut - self.resumed_cut
 
     @property
     def per_publish(self) -> float:
@@ -72,7 +85,7 @@ class Result:
 
 
 def make_config(args: argparse.Namespace, base_url: str, ratio: int, batch: int,
-                partial: dict[str, Any]) -> RolloutConfig:
+                partial: dict[str, Any], tokenizer: str | None = None) -> RolloutConfig:
     lake = {"env_type": "frozen_lake", "env_config": {"size": 4, "p": 0.8, "is_slippery": False,
                                                    "max_steps": 6}}
     return RolloutConfig.from_dict({
@@ -81,7 +94,8 @@ def make_config(args: argparse.Namespace, base_url: str, ratio: int, batch: int,
         "train_env_manager": {"num_env_groups": args.groups, "group_size": 4,
                               "max_env_num_per_worker": 64, "tags": ["Lake"]},
         "policy": {"type": "openai", "base_urls": [base_url], "model": "fake-model",
-                   "max_tokens": 64, "timeout_s": 120, "partial_rollout": partial},
+                   "max_tokens": 64, "timeout_s": 120, "partial_rollout": partial,
+                   **({"tokenizer": tokenizer} if tokenizer else {})},
     })
 
 
@@ -104,14 +118,16 @@ def drained(client: redis.Redis, batcher: Batcher, server: FakeLLMServer, envs: 
 
 
 def one_run(args: argparse.Namespace, url: str, *, ratio: int, batch_envs: int,
-            partial: dict[str, Any]) -> Result:
-    server = FakeLLMServer(FakeLLMOptions(flavor="vllm", latency_s=args.latency_s,
-                                          latency_sigma=0.5, load_time_s=args.load_time_s,
-                                          p_good=0.3, malformed_share=1.0)).start()
+            partial: dict[str, Any], tokenizer: str | None = None) -> Result:
+    """One run; with `tokenizer` (a folder) token-in/token-out."""
+    server = FakeLLMServer(FakeLLMOptions(
+        flavor="vllm", latency_s=args.latency_s, latency_sigma=0.5,
+        load_time_s=args.load_time_s, p_good=0.3, malformed_share=1.0,
+        tokenizer=f"{tokenizer}/tokenizer.json" if tokenizer else "")).start()
     client = redis.Redis.from_url(url, socket_timeout=60)
     run = f"bench-partial-{os.getpid()}-{time.monotonic_ns()}"
     envs = args.groups * 4
-    config = make_config(args, server.base_url, ratio, batch_envs, partial)
+    config = make_config(args, server.base_url, ratio, batch_envs, partial, tokenizer)
     batcher = Batcher(client, config, run=run)
     servers = ModelServers.for_batcher(batcher, "vllm", watch_s=None)
     procs = start_producers(url, run, 1, "WARNING")
@@ -142,11 +158,13 @@ def one_run(args: argparse.Namespace, url: str, *, ratio: int, batch_envs: int,
             if time.monotonic() > deadline:
                 raise SystemExit("the producer did not finish its admitted episodes")
             time.sleep(0.05)
-        left = tokens_of(stream_trajs(client, batcher, args.groups))
+        remaining = stream_trajs(client, batcher, args.groups)
         stats = server.stats
-        return Result(stats["tokens_generated"], tokens_of(delivered), left, args.steps,
-                      update_s, stats["tokens_cut"],
-                      stats["aborted"], stats["cancelled"], stale)
+        resumed = sum(1 for traj in delivered + remaining for step in traj["steps"]
+                      if step.get("resumed"))
+        return Result(stats["tokens_generated"], tokens_of(delivered), tokens_of(remaining),
+                      args.steps, update_s, stats["tokens_cut"], stats["aborted"],
+                      stats["cancelled"], stale, stats["tokens_resumed"], resumed)
     finally:
         servers.close()
         batcher.stop_run()
@@ -162,8 +180,9 @@ def ratio_text(a: float, b: float) -> str:
 
 def row(name: str, res: Result, per: str) -> str:
     return (f"| {name} | {res.generated} | {res.handed} | {res.left} | {res.discarded} | "
-            f"{res.per_publish:.0f} per {per} | {res.cut} ({res.aborted} aborted, "
-            f"{res.cancelled} closed) | {res.discarded - res.cut} ({res.stale_dropped:.0f} "
+            f"{res.per_publish:.0f} per {per} | {res.cut_lost} ({res.aborted} aborted, "
+            f"{res.cancelled} closed, {res.resumed} resumed) | {res.discarded - res.cut_lost} "
+            f"({res.stale_dropped:.0f} "
             f"dropped stale) | {statistics.mean(res.update_s) * 1000:.0f} ms |")
 
 
@@ -179,10 +198,13 @@ def main() -> None:
     if args.steps < 1 or args.groups < 2:
         parser.error("--steps must be >= 1 and --groups >= 2")
     envs = args.groups * 4
-    with EmbeddedRedis() if args.redis_url is None else _Given(args.redis_url) as redis_at:
+    with EmbeddedRedis() if args.redis_url is None else _Given(args.redis_url) as redis_at, \
+            tempfile.TemporaryDirectory() as tokenizer:
         url = redis_at.url
-        keep = one_run(args, url, ratio=1, batch_envs=envs, partial={"in_flight": "keep"})
-        abort = one_run(args, url, ratio=1, batch_envs=envs, partial={"in_flight": "abort"})
+        tiny_model().generate(Path(tokenizer), seed=0)
+        keep, abort, resume = (one_run(args, url, ratio=1, batch_envs=envs, tokenizer=tokenizer,
+                                       partial={"in_flight": how})
+                               for how in ("keep", "abort", "resume"))
         half = envs // 2
         on_policy = one_run(args, url, ratio=0, batch_envs=half, partial={})
         carry = one_run(args, url, ratio=0, batch_envs=half,
@@ -190,17 +212,23 @@ def main() -> None:
     print(f"{args.groups * 4} envs, {args.steps} publishes, server latency {args.latency_s}s, "
           f"load {args.load_time_s}s")
     print("| run | tokens sampled | handed out | left in streams | discarded | discarded | "
-          "of which in turns cut | in finished turns of episodes expired or dropped | "
+          "of which in requests cut, not resumed | in finished turns of episodes expired or "
+          "dropped | "
           "update holds |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    print(row("async, in_flight keep", keep, "update"))
-    print(row("async, in_flight abort", abort, "update"))
+    print(row("async, token-in/token-out, in_flight keep", keep, "update"))
+    print(row("async, token-in/token-out, in_flight abort", abort, "update"))
+    print(row("async, token-in/token-out, in_flight resume", resume, "update"))
     print(row(f"sync, batch {half}/{envs}, on-policy", on_policy, "step"))
     print(row(f"sync, batch {half}/{envs}, carry-over", carry, "step"))
     print(f"async discarded per update, keep / abort: "
-          f"{ratio_text(keep.per_publish, abort.per_publish)} "
-          f"({keep.per_publish:.0f} / {abort.per_publish:.0f} tokens); in turns cut (aborted "
-          f"or closed): {ratio_text(keep.cut, abort.cut)} ({keep.cut} / {abort.cut} tokens)")
+          f"{ratio_text(keep.per_publish, abort.per_publish)}, resume / abort: "
+          f"{ratio_text(resume.per_publish, abort.per_publish)} "
+          f"({keep.per_publish:.0f} / {resume.per_publish:.0f} / {abort.per_publish:.0f} "
+          f"tokens, keep / resume / abort)")
+    print(f"async tokens of requests cut (aborted or closed) thrown away, keep / resume / "
+          f"abort: {keep.cut_lost} / {resume.cut_lost} / {abort.cut_lost} (resume carried "
+          f"{resume.resumed_cut} on in {resume.resumed} turns resumed)")
     print(f"sync handed out / sampled, carry-over {carry.handed / carry.generated:.2f}, "
           f"on-policy {on_policy.handed / on_policy.generated:.2f}")
     print(f"sync discarded per step, carry-over / on-policy: "
@@ -210,6 +238,16 @@ def main() -> None:
           f"{ratio_text(statistics.mean(keep.update_s), statistics.mean(abort.update_s))} "
           f"({statistics.mean(keep.update_s) * 1000:.0f} / "
           f"{statistics.mean(abort.update_s) * 1000:.0f} ms, load {args.load_time_s}s)")
+
+
+def tiny_model() -> Any:
+    """scripts/tiny_model.py, loaded by path (it writes the generated tokenizer)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "tiny_model.py"
+    spec = importlib.util.spec_from_file_location("tiny_model", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class _Given:

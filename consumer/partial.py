@@ -22,6 +22,8 @@ weights, never aborted:
   loaded through the staleness window.
 `abort`: the old behaviour: vLLM `/pause?mode=abort`, SGLang `update_weights_from_disk` with
 `abort_all_requests`; the producers send the aborted turns again from scratch.
+`resume` (token-in/token-out): the same aborting modes; each aborted answer carries the tokens
+sampled so far, and the producer continues the turn from them (`producers.llm.tito.Resumed`).
 """
 
 from __future__ import annotations

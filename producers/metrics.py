@@ -11,6 +11,10 @@ serves one `/metrics` page, as Prometheus's own default registry is process-wide
                                                  #   lost_weights (a restarted server)
     metrics.llm_session(outcome)                 # a sticky session's request: preferred,
                                                  #   down, overloaded (producers.llm.routing)
+    metrics.turn_continued(mode, how)            # a turn continued across a weight update:
+                                                 #   kept (paused, its tokens span versions)
+                                                 #   or resumed (aborted, continued from its
+                                                 #   tokens: policy.partial_rollout)
 Each costs a dict lookup and a bisect; they are recorded whether or not metrics are served.
 """
 
@@ -54,6 +58,10 @@ class LlmCounters:
         # mid-way), failed (its env or model request failed), stopped (the producer stopped)
         self.discarded: dict[tuple[str, str], int] = defaultdict(int)
         self.sessions: dict[str, int] = defaultdict(int)  # sticky routing: outcome -> requests
+        # turns continued across a weight update instead of sent again, by (mode, how): kept
+        # (paused and finished under the new weights: its tokens span versions), resumed
+        # (aborted and continued from the tokens it had: `in_flight: resume`)
+        self.continued: dict[tuple[str, str], int] = defaultdict(int)
 
     def request(self, server: str, latency_s: float) -> None:
         hist = self.latency.get(server)
@@ -68,6 +76,9 @@ class LlmCounters:
         self.discarded[(mode, reason)] += tokens
     def session(self, outcome: str) -> None:
         self.sessions[outcome] += 1
+
+    def turn_continued(self, mode: str, how: str) -> None:
+        self.continued[(mode, how)] += 1
 
     def label(self, server: str) -> str:
         name = self._names.get(server)
@@ -90,6 +101,14 @@ class LlmCounters:
                           "Generated tokens a producer threw away, by mode and reason "
                           "(aborted, abandoned, failed, stopped)", ["mode", "reason"],
                           list(self.discarded.items()))
+        for how, doc in (("kept", "paused through a weight update and finished under the "
+                                  "new weights (its tokens span versions)"),
+                         ("resumed", "aborted by a weight update and continued from the tokens "
+                                     "it had (in_flight: resume)")):
+            rows = [((mode,), n) for (mode, h), n in list(self.continued.items()) if h == how]
+            if rows:
+                yield counter(f"rollstream_turns_{how}", f"Model turns {doc}, by mode",
+                              ["mode"], rows)
         if self.sessions:
             yield counter("rollstream_llm_session_requests",
                           "Requests of sticky sessions by where they went: preferred (the "
@@ -115,6 +134,12 @@ def tokens_discarded(mode: str, reason: str, tokens: int) -> None:
     """Record `tokens` generated tokens thrown away (`aborted`, `abandoned`, `failed`,
     `stopped`)."""
     LLM.tokens_discarded(mode, reason, tokens)
+def turn_continued(mode: str, how: str) -> None:
+    """Record a turn continued across a weight update: `kept` or `resumed` (see
+    `LlmCounters.continued`)."""
+    LLM.turn_continued(mode, how)
+
+
 def llm_session(outcome: str) -> None:
     """Record where a sticky session's request went (`producers.llm.routing`: preferred,
     down, overloaded)."""
@@ -230,6 +255,7 @@ class ProducerStats:
             recent_stalls=self._recent_stalls[0], recent_stall_longest_s=self._recent_stalls[1],
             recent_stall_where=self._recent_stalls[2],
             tokens_discarded=_by_last(dict(LLM.discarded)),
+            turns_continued=_by_last(dict(LLM.continued)),
         )
         self._recent_stalls = (0, 0.0, "")
         for counts in self.tags.values():

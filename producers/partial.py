@@ -10,7 +10,9 @@ no longer pass (`producers.rollout.InFlight`). What the gate says decides:
   publish (sync mode without `sync_carry_over`): finishing their turns would only keep the
   servers busy while the trainer updates them;
 - wait, for weights (a policy that takes weights through the stream): cut, as before;
-- `in_flight: abort`: every wait cuts, as before partial rollouts.
+- `in_flight: abort`, and `resume`: every wait cuts, as before partial rollouts. A closed request
+  answers nothing to resume from: with `resume` only a server's abort (a weight update) is
+  continued from its tokens, a pause's cut turn is sent again from scratch.
 """
 
 from __future__ import annotations

@@ -251,6 +251,8 @@ async def _play(
                 "version": ctx.version, "info": _clean_info(info)}
         if response is not None:
             _add_reply(step, response)
+            if "resumed" in step or "version_spans" in step or "version_end" in step:
+                _count_continued(step, slot.mode)
         append(step)
         score += reward
         observation = next_obs
@@ -323,6 +325,15 @@ def _newest(step: dict[str, Any]) -> int:
         newest = int(step.get("version_end", step["version"]))
     calls = step.get("model_calls")
     return max(newest, *map(_newest, calls)) if calls else newest
+
+
+def _count_continued(step: dict[str, Any], mode: str) -> None:
+    """Count a turn continued across a weight update: resumed (aborted and continued from
+    its tokens), else kept (paused through it: its tokens span versions)."""
+    if step.get("resumed"):
+        metrics.turn_continued(mode, "resumed")
+    elif _newest(step) != _oldest(step):
+        metrics.turn_continued(mode, "kept")
 
 
 def _add_reply(step: dict[str, Any], response: Any) -> None:

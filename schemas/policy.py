@@ -43,6 +43,12 @@ class PartialRollout(BaseModel):
       turns in flight finish and holds each episode before its next turn. `abort`: the
       old behaviour: updates abort the turns in flight and pauses close them; they are sent
       again from scratch.
+    - `in_flight: resume` (token-in/token-out only, `policy.tokenizer`): updates abort the
+      turns in flight (vLLM `abort`, SGLang's aborting update) and each is continued from the
+      tokens the aborting answer carries: the next request's prompt is the turn's prompt ids +
+      those ids, its `max_tokens` less what was sampled, and the turn is the two concatenated
+      (`producers.llm.tito.Resumed`). Pauses close the turns in flight as `abort` does (a
+      closed request answers nothing to resume from).
     - `sync_carry_over: false` (the default): sync mode stays on-policy: the episodes a step
       leaves unfinished expire when the next version is published. `true`: they carry over
       into the next step (once), as slime's `--partial-rollout`; their turns keep the
@@ -52,9 +58,11 @@ class PartialRollout(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    in_flight: Literal["keep", "abort"] = Field(
+    in_flight: Literal["keep", "abort", "resume"] = Field(
         default="keep", description="generation in flight at a weight update or a pause: "
-        "keep (paused and continued, never sent again) or abort (sent again from scratch)")
+        "keep (paused and continued, never sent again), abort (sent again from scratch) or "
+        "resume (aborted, then continued from the tokens sampled so far; needs "
+        "policy.tokenizer)")
     sync_carry_over: bool = Field(
         default=False, description="sync mode: a step's unfinished episodes carry over into "
         "the next step instead of expiring (their old-version turns keep their version)")
@@ -66,6 +74,17 @@ class _PartialRolloutField(BaseModel):
     partial_rollout: PartialRollout = Field(
         default_factory=PartialRollout, description="generation in flight at weight updates "
         "and pauses; sync carry-over (schemas.policy.PartialRollout)")
+
+    @model_validator(mode="after")
+    def _resume_needs_token_ids(self) -> Any:
+        # resuming from text would retokenize what was sampled: only token-id prompts resume
+        if (self.partial_rollout.in_flight == "resume"
+                and not ("tokenizer" in type(self).model_fields
+                         and getattr(self, "tokenizer", None))):
+            raise ValueError("partial_rollout.in_flight: resume needs policy.tokenizer "
+                             "(token-in/token-out: a turn resumes from its sampled ids; "
+                             "from text they would be retokenized); use keep or abort")
+        return self
 
 
 class RandomPolicyConfig(_PartialRolloutField):

@@ -92,6 +92,9 @@ class ProducerRecord:
     recent_stall_where: str = ""  # where the loop's thread was in the last of them
     tokens_discarded: dict[str, int] = field(default_factory=dict)  # generated tokens thrown
     # away by reason (aborted, abandoned, failed, stopped), since the process started
+    turns_continued: dict[str, int] = field(default_factory=dict)  # model turns continued
+    # across a weight update instead of sent again, since the process started: kept (paused,
+    # their tokens span versions), resumed (aborted, continued from their tokens)
 
     def encode(self) -> bytes:
         return pack(asdict(self))

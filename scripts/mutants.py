@@ -42,6 +42,7 @@ PARTIAL = "tests/test_partial_rollout.py"
 PROVENANCE = "tests/test_token_provenance.py"
 TITO = "tests/test_tito.py"
 STICKY = "tests/test_sticky_sessions.py"
+RESUME = "tests/test_resume.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -1447,6 +1448,70 @@ MUTANTS: tuple[Mutant, ...] = (
         "from rollstream.cli.errors import UsageError\n",
         "the command line starts without the consumer (export/replay import it when run)",
         ("tests/test_layout.py::test_the_command_line_starts_without_the_heavy_parts",),
+    ),
+    # partial rollouts, in_flight resume (tests/test_resume.py)
+    Mutant(
+        "resume-from-scratch", "producers/llm/tito.py",
+        "        return [*self.prompt, *self.ids]\n",
+        "        return list(self.prompt)\n",
+        "a resumed turn is never doubled: the continuation's prompt is the turn's prompt and "
+        "the ids sampled so far, not the prompt alone (a reply sampled again from scratch "
+        "after the partial)",
+        (f"{RESUME}::test_an_aborted_turn_resumes_from_its_tokens_never_doubled[vllm]",
+         f"{RESUME}::test_a_resumed_turn_is_its_pieces_once_each_with_their_versions"),
+    ),
+    Mutant(
+        "resume-piece-twice", "producers/llm/tito.py",
+        "        self._append(last, version, source)\n        turn = Turn(",
+        "        self._append(last, version, source)\n        self._append(last, version, "
+        "source)\n        turn = Turn(",
+        "a resumed turn is never doubled: the finishing answer's tokens are added once",
+        (f"{RESUME}::test_an_aborted_turn_resumes_from_its_tokens_never_doubled[sglang]",
+         f"{RESUME}::test_a_resumed_turn_is_its_pieces_once_each_with_their_versions"),
+    ),
+    Mutant(
+        "resume-partial-version", "producers/llm/tito.py",
+        "if self.spans and self.spans[-1][0] == version and self.spans[-1][2] == start:",
+        "if self.spans and self.spans[-1][2] == start:",
+        "a resumed turn's partial tokens keep the version that sampled them (the new weights' "
+        "tokens get their own span)",
+        (f"{RESUME}::test_an_aborted_turn_resumes_from_its_tokens_never_doubled[vllm]",
+         f"{RESUME}::test_a_resumed_turn_is_its_pieces_once_each_with_their_versions"),
+    ),
+    Mutant(
+        "resume-needs-tokenizer", "schemas/policy.py",
+        'if (self.partial_rollout.in_flight == "resume"\n',
+        'if (False\n',
+        "in_flight resume is refused without policy.tokenizer (one line, exit 2): resuming "
+        "from text would retokenize",
+        (f"{RESUME}::test_resume_needs_token_in_token_out",
+         f"{RESUME}::test_the_cli_refuses_resume_without_a_tokenizer_in_one_line"),
+    ),
+    Mutant(
+        "resume-pause-aborts", "consumer/partial.py",
+        'keep = partial is None or partial.in_flight == "keep"',
+        'keep = partial is None or partial.in_flight != "abort"',
+        "in_flight resume updates the servers in a pause mode that aborts (their answers carry "
+        "the tokens to resume from)",
+        (f"{RESUME}::test_resume_needs_token_in_token_out",
+         f"{RESUME}::test_an_aborted_turn_resumes_from_its_tokens_never_doubled[sglang]"),
+    ),
+    Mutant(
+        "resume-waits-while-loading", "producers/policies/openai.py",
+        "                    await asyncio.sleep(RESUME_WAIT_S)\n",
+        "                    pass\n",
+        "a continuation the server aborts at once (loading) waits before the next: no busy "
+        "loop of requests",
+        (f"{RESUME}::test_a_continuation_aborted_while_the_server_loads_waits_and_resumes",),
+    ),
+    Mutant(
+        "turns-kept-counted", "producers/rollout.py",
+        "    elif _newest(step) != _oldest(step):\n",
+        "    elif False:\n",
+        "a turn kept through a weight update (its tokens span versions) is counted "
+        "(rollstream_turns_kept, status)",
+        (f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again"
+         "[keep-vllm]",),
     ),
 )
 

@@ -190,7 +190,8 @@ def test_weight_update_aborts_in_flight_and_reports_the_version(fake_llm) -> Non
     assert status == 200 and answer["success"] and answer["num_paused_requests"] == 1
     thread.join(5)
     aborted = results[0]["choices"][0]
-    assert aborted["finish_reason"] == "abort" and aborted["response_token_ids"] == []
+    # the tokens sampled before the abort (SGLang 0.5.23 answers them: fake_llm/completions.py)
+    assert aborted["finish_reason"] == "abort" and len(aborted["response_token_ids"]) > 0
     server.options.latency_s = 0.0
     _, data = http(f"{server.base_url}/chat/completions", chat_body(messages))
     assert data["metadata"]["weight_version"] == "3"

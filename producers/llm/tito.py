@@ -163,3 +163,90 @@ def turn_from_completion(data: dict[str, Any], prompt: list[int],
             turn.extra["version_spans"] = [[int(label), start, end]
                                            for label, start, end in labels]
     return turn
+
+
+# -- resuming a turn the server aborted (`policy.partial_rollout.in_flight: resume`) -----------
+@dataclass
+class Resumed:
+    """A turn the server aborted, resumed from the tokens its answers carried (vLLM 0.33 and
+    SGLang 0.5.23 answer an aborted request with its tokens so far: fake_llm/completions.py
+    cites where): each next request's prompt is the turn's prompt + every id sampled so far,
+    its `max_tokens` less what was sampled; the finished turn is the pieces concatenated, ids,
+    logprobs and per-token versions, each token once with the version that sampled it."""
+
+    prompt: list[int]  # the turn's own prompt (what its first request sent)
+    ids: list[int]  # sampled so far, by the aborted requests, in order
+    logprobs: list[float] | None  # one per id; None once a piece came without them
+    spans: list[list[int]]  # [version, start, end) over `ids`
+    sources: set[str]  # how each piece's version is known (server, recorded, producer)
+    aborts: int = 0  # how many answers were aborted
+    text: str = ""  # the pieces' texts so far
+
+    @classmethod
+    def start(cls, prompt: list[int]) -> Resumed:
+        return cls(list(prompt), [], [], [], set())
+
+    def add(self, piece: Turn, version: int, source: str) -> None:
+        """An aborted answer's piece (`turn_from_completion` of it); `version`/`source`: what
+        sampled it when the answer's own labels say nothing (`piece.version` None)."""
+        self.aborts += 1
+        self._append(piece, version, source)
+
+    def next_prompt(self) -> list[int]:
+        """The next request's prompt: the turn's prompt and everything sampled so far."""
+        return [*self.prompt, *self.ids]
+
+    def left(self, max_tokens: int) -> int:
+        """The next request's `max_tokens`: the turn's cap less what was sampled."""
+        return max_tokens - len(self.ids)
+
+    def finish(self, last: Turn, version: int, source: str) -> Turn:
+        """The whole turn: the pieces so far and `last` (the answer that finished it), its
+        prompt ids the turn's own, its text the whole (the pieces'
+        texts joined), `extra["resumed"]` the number of aborted answers (`version`,
+        `source`: as for `add`)."""
+        self._append(last, version, source)
+        turn = Turn(
+            text=self.text,
+            prompt_ids=cast(Any, np.asarray(self.prompt, dtype=np.int32)),
+            response_ids=cast(Any, np.asarray(self.ids, dtype=np.int32)),
+            logprobs=cast(Any, None if self.logprobs is None
+                          else np.asarray(self.logprobs, dtype=np.float32)),
+            finish_reason=last.finish_reason,
+            version=min((row[0] for row in self.spans), default=version),
+            version_source="server" if self.sources == {"server"} else
+            next(s for s in ("producer", "recorded", "server") if s in self.sources),
+        )
+        turn.extra.update(last.extra)
+        turn.extra.pop("version_spans", None)
+        if len({row[0] for row in self.spans}) > 1:
+            turn.extra["version_spans"] = [list(row) for row in self.spans]
+        turn.extra["resumed"] = self.aborts
+        return turn
+
+    def _append(self, piece: Turn, version: int, source: str) -> None:
+        ids = [] if piece.response_ids is None else [int(i) for i in piece.response_ids]
+        at = len(self.ids)
+        rows = piece.extra.get("version_spans")
+        if not rows:
+            known = piece.version is not None
+            rows = [[piece.version if known else version, 0, len(ids)]]
+            source = (piece.version_source or "server") if known else source
+        else:
+            source = "server"
+        for label, start, end in rows:
+            if end > start:
+                self._span(int(label), at + start, at + end)
+        self.sources.add(source)
+        if self.logprobs is not None and piece.logprobs is not None:
+            self.logprobs.extend(float(v) for v in piece.logprobs)
+        elif ids:
+            self.logprobs = None  # a piece without them: none rather than misaligned ones
+        self.ids.extend(ids)
+        self.text += piece.text
+
+    def _span(self, version: int, start: int, end: int) -> None:
+        if self.spans and self.spans[-1][0] == version and self.spans[-1][2] == start:
+            self.spans[-1][2] = end  # the same weights on: one span
+        else:
+            self.spans.append([version, start, end])

@@ -21,8 +21,10 @@ weights it is recorded with (restarted) is set aside by the pool, never labelled
 train episode belongs to (`create(k)`, so the trajectory is at most `async_generation_ratio`
 versions stale when handed out; a val turn: `run version - ratio`), and waits while none
 does. A turn the server aborted raises
-`TurnAborted` (the producer sends it again through its gate); a turn cut short leaves the
-conversation as it was.
+`TurnAborted` (the producer sends it again through its gate), except with
+`policy.partial_rollout.in_flight: resume` and token-in/token-out, where it is continued from
+the ids its answer carried (`_resume`, `producers.llm.tito.Resumed`); a turn cut short leaves
+the conversation as it was.
 
 With `policy.tokenizer` the turns are token-in/token-out (`producers.llm.tito`): the
 producer applies the model's chat template, sends the prompt's ids to `/completions`, and
@@ -64,6 +66,8 @@ _DEFAULT_PROMPT = AgentPrompt(DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPL
 # built without `build_env` (no tag)
 ABORT_WARN_S = 30.0  # a server that has aborted every turn this long is warned about
 SERVERS_POLL_S = 1.0  # `{RUN}:servers` is read at least this often (and on a version change)
+RESUME_WAIT_S = 0.2  # `in_flight: resume`: a continuation aborted with no new token waits
+# this long before the next (a server that aborts what comes while it loads)
 
 
 class OpenAIPolicy:
@@ -95,6 +99,8 @@ class OpenAIPolicy:
         self._tito: Any = None  # producers.llm.tito when policy.tokenizer is set
         self._tools = ToolLoop()  # a tag's tool calls (producers/tools/loop.py)
         self._tools_by_chat: set[str] = set()  # tags with tools said to go by chat requests
+        # continue a turn the server aborted from its tokens so far (policy.partial_rollout)
+        self._resumes = config.partial_rollout.in_flight == "resume"
 
     async def start(self, context: PolicyContext | None = None) -> None:
         """Read the API key, open the HTTP session, check that a server serves the model,
@@ -198,11 +204,14 @@ class OpenAIPolicy:
                 turn = chat.turn_from_answer(answer.data)
             if turn.logprobs is None:
                 self._merged(answer.server.base_url, answer.data)
-            if turn.finish_reason == "abort":  # SGLang, while it loads new weights
+            if turn.finish_reason == "abort":  # a weight update aborted it
                 self._aborted(answer.server.base_url)
-                raise TurnAborted(f"model server {answer.server.base_url} aborted it",
-                                  0 if turn.response_ids is None
-                                  else len(turn.response_ids))
+                if not (self._resumes and ids is not None and _resumable(turn)):
+                    raise TurnAborted(f"model server {answer.server.base_url} aborted it",
+                                      0 if turn.response_ids is None
+                                      else len(turn.response_ids))
+                turn, answer = await self._resume(turn, answer, ids, sampled, ctx, extra_body,
+                                                  min_version, session)
             turn.server, turn.latency_s = answer.server.base_url, answer.latency_s
             answered[:] = [answer]
             return turn, answer.data
@@ -225,6 +234,48 @@ class OpenAIPolicy:
         parse = getattr(env, "parse_action", None)
         action = parse(turn.text) if parse is not None else None
         return (-1 if action is None else action), turn
+
+    async def _resume(self, turn: Turn, answer: Any, ids: list[int], sampled: Any,
+                      ctx: StepContext, extra_body: dict[str, Any], min_version: int | None,
+                      session: str) -> tuple[Turn, Any]:
+        """`in_flight: resume`: continue the turn the server aborted from the ids its answer
+        carried (`producers.llm.tito.Resumed`) until an answer finishes it; the whole turn
+        and that answer. Another abort is resumed too; one whose ids come from the
+        tokenizer, not the server, cannot be (`TurnAborted`, every piece discarded); a
+        continuation cut short or failed discards the pieces (counted, `aborted`)."""
+        resumed = self._tito.Resumed.start(ids)
+        resumed.add(turn, *_fallback_version(answer, ctx))
+        try:
+            while True:
+                left = resumed.left(sampled.fields()["max_tokens"])
+                if left <= 0:  # aborted after its last token: the turn is whole
+                    last = Turn(text="", response_ids=[], logprobs=[], finish_reason="length")
+                    return resumed.finish(last, *_fallback_version(answer, ctx)), answer
+                prompt = resumed.next_prompt()
+                fields = sampled.fields(left)
+                answer = await self.pool.chat(self._body([], prompt, fields, ctx, extra_body),
+                                              min_version=min_version, session=session)
+                refit = sampled.refit(answer.data)
+                if refit is not None:
+                    answer = await self.pool.chat(
+                        self._body([], prompt, sampled.fields(min(refit, left)), ctx,
+                                   extra_body), min_version=min_version, session=session)
+                piece = self._tito.turn_from_completion(answer.data, prompt, self._template)
+                if piece.finish_reason != "abort":
+                    return resumed.finish(piece, *_fallback_version(answer, ctx)), answer
+                self._aborted(answer.server.base_url)
+                if not _resumable(piece):
+                    raise TurnAborted(f"model server {answer.server.base_url} aborted it",
+                                      len(resumed.ids) + len(piece.response_ids or ()))
+                resumed.add(piece, *_fallback_version(answer, ctx))
+                if not len(piece.response_ids):  # aborted at once (loading): not in a loop
+                    await asyncio.sleep(RESUME_WAIT_S)
+        except TurnAborted:
+            raise
+        except BaseException:
+            if resumed.ids:  # what the aborted answers had sampled: thrown away
+                metrics.tokens_discarded(ctx.mode, "aborted", len(resumed.ids))
+            raise
 
     def _body(self, messages: list[dict[str, str]], ids: list[int] | None,
               sampling: dict[str, Any], ctx: StepContext,
@@ -329,3 +380,16 @@ class OpenAIPolicy:
                 logger.warning("%s has an unreadable entry for %s: %r", context.keys.servers,
                                url, value)
         return records
+
+
+def _resumable(turn: Turn) -> bool:
+    """An aborted answer a turn can resume from: its ids are the server's (ids encoded from
+    its text would retokenize what was sampled)."""
+    return turn.extra.get("response_ids_source") == "server"
+
+
+def _fallback_version(answer: Any, ctx: StepContext) -> tuple[int, str]:
+    """The version of an answer whose own labels say nothing: the one recorded for the
+    server that gave it, else the producer's."""
+    recorded = answer.version
+    return (ctx.version, "producer") if recorded is None else (int(recorded), "recorded")

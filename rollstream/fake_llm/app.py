@@ -77,6 +77,8 @@ class FakeLLMServer:
         self.prefix_cache = PrefixCache(self.options.prefix_cache_tokens,
                                         self.options.prefill_s_per_token)
         self._hold: bytes | None = None  # requests whose body carries this wait for release()
+        # token-id prompt -> the rest of an aborted completion (its continuation's answer)
+        self.unfinished: dict[tuple[int, ...], tuple[list[int], list[float], int]] = {}
         self._held: set[Pending] = set()
         self.pending: set[Pending] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -342,12 +344,12 @@ class FakeLLMServer:
                  logprobs: list[float] | None = None, label: str | None = None) -> Reply:
         """What an aborted request answers: the tokens generated so far (half, here)."""
         label = self.control.label if label is None else label
-        if tokens is not None:  # sampled before the abort (SGLang answers none of them)
+        if tokens is not None:  # sampled before the abort
             self.stats["tokens_generated"] += len(tokens) // 2
             self.stats["tokens_cut"] += len(tokens) // 2  # of requests that did not finish
         if not self.flavor.abort_finish or tokens is None:
             return Reply("", [], [], "abort", prompt, [(label, 0, 0)])
-        kept = tokens[: len(tokens) // 2] if self.flavor.name != "sglang" else []
+        kept = tokens[: len(tokens) // 2]  # SGLang 0.5.23 too (fake_llm/completions.py)
         text = "".join(p for p in kept if p not in SPECIAL_IDS)
         return Reply(text, kept, (logprobs or [])[: len(kept)], "abort", prompt,
                      [(label, 0, len(kept))])

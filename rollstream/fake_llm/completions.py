@@ -6,7 +6,29 @@ e.g. the one scripts/tiny_model.py writes: the producers' `policy.tokenizer`), e
 stand-in's own hashed pieces (`player.encode`; ids it handed out through `/tokenize` or its
 replies read back). The decoded prompt is split into ChatML messages and played as a chat
 request is (`player.reply`); the reply is encoded with the same tokenizer and ends with
-`<|im_end|>`. Faults, pauses and weight loads are the chat endpoint's only.
+`<|im_end|>`. Faults are the chat endpoint's only; pauses, weight loads and `hold` meet a
+completion as they meet a chat request (a vLLM pause in abort or wait mode answers 503, a
+keeping pause freezes it, a weight update or an abort ends it early).
+
+An aborted completion answers `finish_reason: "abort"` with the tokens sampled so far (half
+of its reply here), their logprobs and version, as both servers' released code does:
+- vLLM 0.33: `/pause?mode=abort` finishes every request `FINISHED_ABORTED`
+  (`v1/engine/core.py:2208-2212`) and sends an output with no new token (:2246-2278); the
+  output processor makes the final output of a non-streamed request from all its tokens so
+  far (`v1/engine/output_processor.py:488-489`, `token_ids = self.detokenizer.
+  output_token_ids`, with the logprobs and `weight_versions` spans, :517-529), and the
+  completion answers them (`entrypoints/openai/completion/serving.py:587-636`; only
+  finish_reason "error" raises, `generate/base/serving.py:200-207`).
+- SGLang 0.5.23: an abort (`/pause_generation` abort mode, `update_weights_from_disk` with
+  `abort_all_requests`: `tokenizer_manager.py:2267-2280, 2299-2300`) sets `to_finish =
+  FINISH_ABORT()` on each running request (`managers/scheduler.py:5797-5812`, "will still run
+  one decode forward pass"); with no status code it is not an error
+  (`tokenizer_manager.py:1899-1907`) and the answer carries `output_ids` and the text so far
+  with finish_reason "abort" (`serving_completions.py:609-625`).
+A request whose prompt is an aborted one's prompt + the ids it answered is that reply's
+continuation: the stand-in answers the rest of the reply it had cut (a model asked to go on
+from its own partial output), from the weights in force now; `stats["tokens_resumed"]` counts
+the cut tokens a continuation carried on (of `stats["tokens_cut"]`).
 
 Shapes, from the released code:
 - vLLM 0.33 (`entrypoints/openai/completion/protocol.py`): `prompt` ids or text (:53);
@@ -49,6 +71,7 @@ FakeLLMServer = Any  # rollstream.fake_llm.app's (not imported: app imports this
 
 _MESSAGE = re.compile(r"<\|im_start\|>(\w+)\n(.*?)(?:<\|im_end\|>\n?|$)", re.DOTALL)
 NO_ID_PROMPTS = {"llama-cpp-python": 422, "strict": 400}  # flavor -> status of the refusal
+UNFINISHED_KEPT = 4096  # aborted replies whose rest the stand-in keeps for a continuation
 
 
 class Vocabulary:
@@ -133,6 +156,18 @@ async def completions(server: FakeLLMServer, vocabulary: Vocabulary,
         return server.refused(flavor.not_found(str(model)))
     server.stats["requests"] += 1
     server.stats["completions"] += 1
+    server.stats["in_flight"] += 1
+    try:
+        return await _complete(server, vocabulary, body, raw, ids, model, native)
+    finally:
+        server.stats["in_flight"] -= 1
+
+
+async def _complete(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[str, Any],
+                    raw: bytes, ids: list[int], model: Any, native: bool) -> web.Response:
+    """A completion admitted: its reply, its latency and what ends it (see the module
+    docstring)."""
+    flavor = server.flavor
     server.stats["native_completions" if native else "openai_completions"] += 1
     server.requests.append(body)
     limit = body.get("max_tokens")
@@ -141,26 +176,91 @@ async def completions(server: FakeLLMServer, vocabulary: Vocabulary,
     if isinstance(budget, Refusal):
         server.stats["context_overflow"] += 1
         return server.refused(budget)
+    paused = await server.control.admit()  # a pause: 503 (vLLM abort, wait) or wait
+    if paused is not None:
+        return server.refused(paused)
+    if not server.control.generating():
+        if server.options.during_load == "abort":  # as the chat endpoint: aborted at once
+            server.stats["aborted"] += 1
+            server.answers.append({"seed": body.get("seed"), "model": model,
+                                   "finish_reason": "abort", "tokens": 0,
+                                   "weight_version": server.control.label, "ids": []})
+            return json_response(answer(server, vocabulary, body, ids, [], [], "abort"))
+        await server.control.wait_generating()
     opts = server.options
     rng = random.Random(int.from_bytes(
         hashlib.blake2b(raw, digest_size=8, key=str(opts.seed).encode()).digest(), "little"))
-    text, good = reply(messages_of(vocabulary.decode(ids)),
-                       float(body.get("temperature", 1.0) or 0.0), rng, p_good=opts.p_good,
-                       malformed_share=opts.malformed_share, think_words=opts.think_words)
-    out = [*vocabulary.encode(text), vocabulary.eos]
+    rest = server.unfinished.pop(tuple(ids), None)  # the continuation of an aborted reply
+    if rest is not None:  # the aborted request's tokens are carried on by this one
+        out, logprobs, kept = rest
+        server.stats["tokens_resumed"] += kept
+    else:
+        text, good = reply(messages_of(vocabulary.decode(ids)),
+                           float(body.get("temperature", 1.0) or 0.0), rng,
+                           p_good=opts.p_good, malformed_share=opts.malformed_share,
+                           think_words=opts.think_words)
+        out = [*vocabulary.encode(text), vocabulary.eos]
+        low, high = (-0.4, -0.01) if good else (-3.0, -0.3)
+        logprobs = [round(rng.uniform(low, high), 4) for _ in out]
     finish = "stop"
     if 0 < budget < len(out):
-        out, finish = out[:budget], "length"
-    low, high = (-0.4, -0.01) if good else (-3.0, -0.3)
-    logprobs = [round(rng.uniform(low, high), 4) for _ in out]
+        out, logprobs, finish = out[:budget], logprobs[:budget], "length"
     delay = opts.latency_s * math.exp(opts.latency_sigma * rng.gauss(0, 1))
-    why = await server.wait(delay)
-    if why != "done":  # an abort (a weight update, a stop): nothing kept
-        out, logprobs, finish = [], [], "abort"
-    server.stats["completed"] += 1
+    first = server.control.label
+    try:
+        why = "done"
+        if server._hold is not None and server._hold in raw:
+            why = await _held(server)
+        if why == "done":
+            why = await server.wait(delay)
+    except BaseException:  # closed by the client: half of it had been sampled
+        server.stats["cancelled"] += 1
+        server.stats["tokens_generated"] += len(out) // 2
+        server.stats["tokens_cut"] += len(out) // 2
+        raise
+    if why != "done":  # aborted (a weight update, a pause, a stop): the tokens so far
+        out, logprobs, finish = _aborted(server, ids, out, logprobs)
+        spans = [(first, 0, len(out))]
+    else:
+        await server.control.frozen()  # paused in keep / in_place / retract: continued after
+        last = server.control.label
+        spans = [(first, 0, len(out))]
+        if last != first:  # the weights changed while it was frozen: half by each
+            half = len(out) // 2
+            spans = [(first, 0, half), (last, half, len(out))]
+        server.stats["completed"] += 1
+        server.stats["tokens_generated"] += len(out)
+    server.answers.append({"seed": body.get("seed"), "model": model, "finish_reason": finish,
+                           "tokens": len(out), "weight_version": spans[-1][0],
+                           "ids": list(out)})  # what was sampled, for the tests
     if native:
         return json_response(native_answer(vocabulary, body, ids, out, logprobs, finish))
-    return json_response(answer(server, vocabulary, body, ids, out, logprobs, finish))
+    return json_response(answer(server, vocabulary, body, ids, out, logprobs, finish, spans))
+
+
+async def _held(server: FakeLLMServer) -> str:
+    """Wait while `hold` holds this request (see `FakeLLMServer.hold`)."""
+    server.stats["held"] += 1
+    try:
+        return str(await server.wait(None, held=True))
+    finally:
+        server.stats["held"] -= 1
+
+
+def _aborted(server: FakeLLMServer, prompt: list[int], out: list[int],
+             logprobs: list[float]) -> tuple[list[int], list[float], str]:
+    """An aborted completion's answer: the first half of its reply, sampled before the abort
+    (see the module docstring); the rest is kept as the continuation of prompt + that half.
+    A flavor whose server does not answer `abort` (llama.cpp) keeps nothing."""
+    server.stats["aborted"] += 1
+    kept = len(out) // 2 if server.flavor.abort_finish else 0
+    server.stats["tokens_generated"] += kept
+    server.stats["tokens_cut"] += kept  # of requests that did not finish
+    if kept and kept < len(out):
+        if len(server.unfinished) >= UNFINISHED_KEPT:
+            server.unfinished.pop(next(iter(server.unfinished)))
+        server.unfinished[tuple(prompt + out[:kept])] = (out[kept:], logprobs[kept:], kept)
+    return out[:kept], logprobs[:kept], "abort"
 
 
 def native_answer(vocabulary: Vocabulary, body: dict[str, Any], prompt: list[int],
@@ -184,9 +284,12 @@ def native_answer(vocabulary: Vocabulary, body: dict[str, Any], prompt: list[int
 
 def answer(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[str, Any],
            prompt: list[int], out: list[int], logprobs: list[float],
-           finish: str) -> dict[str, Any]:
-    """The flavor's completion answer (see the module docstring)."""
+           finish: str, spans: list[tuple[str, int, int]] | None = None) -> dict[str, Any]:
+    """The flavor's completion answer (see the module docstring); `spans`: the weight
+    versions of the tokens (default: all the version in force now)."""
     flavor = server.flavor.name
+    spans = spans or [(server.control.label, 0, len(out))]
+    versions = [{"version": label, "start": start, "end": end} for label, start, end in spans]
     text = vocabulary.decode(out, special=False)
     usage = {"prompt_tokens": len(prompt), "completion_tokens": len(out),
              "total_tokens": len(prompt) + len(out)}
@@ -215,16 +318,15 @@ def answer(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[str, Any],
         choice["matched_stop"] = vocabulary.eos if finish == "stop" else None
         if asked_ids:
             choice["token_ids"], choice["prompt_token_ids"] = out, prompt
-        label = server.control.label
-        return {**head, "choices": [choice], "usage": usage,
-                "metadata": {"weight_version": label}}
+        metadata: dict[str, Any] = {"weight_version": spans[-1][0]}
+        if len(spans) > 1:  # weight_versions.py:113-117: the spans when the meta has them
+            metadata["weight_versions"] = versions
+        return {**head, "choices": [choice], "usage": usage, "metadata": metadata}
     choice.update({"stop_reason": None, "token_ids": out if asked_ids else None,
                    "prompt_logprobs": None,
                    "prompt_token_ids": prompt if asked_ids else None})
     if flavor == "vllm":  # 0.33: `weight_versions` when asked (protocol.py:182, :702)
-        choice["weight_versions"] = [
-            {"version": server.control.label, "start": 0, "end": len(out)}
-        ] if body.get("return_weight_versions") else None
+        choice["weight_versions"] = versions if body.get("return_weight_versions") else None
     return {**head, "choices": [choice], "usage": usage}
 
 

@@ -41,7 +41,7 @@ def render_text(snap: dict[str, Any]) -> str:
     lines.append(f"dropped: stale {d['stale']:.0f}, late {d['late']:.0f}, failed groups "
                  f"{d['failed_groups']:.0f}, dead letters {d['dead_letters']}; redis "
                  f"{m['used_mb']:.1f} MB (peak {m['peak_mb']:.1f} MB)")
-    if snap.get("tokens_discarded"):
+    if snap.get("tokens_discarded") or any((snap.get("turns_continued") or {}).values()):
         lines.append(_discarded_line(snap))
     if snap["warnings"]:
         lines.append("warnings:")
@@ -119,7 +119,7 @@ def render_rich(snap: dict[str, Any]) -> Any:
         parts.append(Text(_servers_line(snap)))
     parts.append(Text(f"dropped: stale {d['stale']:.0f}, late {d['late']:.0f}, failed groups "
                       f"{d['failed_groups']:.0f}, dead letters {d['dead_letters']}"))
-    if snap.get("tokens_discarded"):
+    if snap.get("tokens_discarded") or any((snap.get("turns_continued") or {}).values()):
         parts.append(Text(_discarded_line(snap)))
     parts += [Text(f"! {w}", style="bold yellow") for w in snap["warnings"]]
     return Group(*parts)
@@ -131,6 +131,12 @@ def _cell(item: dict[str, Any], name: str, fmt: str) -> str:
 
 
 def _discarded_line(snap: dict[str, Any]) -> str:
-    """Generated tokens thrown away, by reason."""
-    return "tokens discarded: " + ", ".join(f"{reason} {n:.0f}" for reason, n
-                                             in snap["tokens_discarded"].items())
+    """Generated tokens thrown away, by reason; the turns continued across a weight update
+    (kept, resumed) instead of sent again."""
+    line = "tokens discarded: " + (", ".join(f"{reason} {n:.0f}" for reason, n
+                                             in snap["tokens_discarded"].items()) or "none")
+    continued = snap.get("turns_continued") or {}
+    if any(continued.values()):
+        line += (f"; turns across weight updates: kept {continued.get('kept', 0)}, resumed "
+                 f"{continued.get('resumed', 0)}")
+    return line

@@ -26,6 +26,9 @@ records, which count since their previous record, so one snapshot shows them.
      "tokens_discarded": {REASON: tokens},  (generated tokens thrown away: producers' aborted,
                       abandoned, failed, stopped; batchers' stale, late, val_discarded,
                       failed_group, filtered)
+     "turns_continued": {"kept": n, "resumed": n},  (the producers' model turns continued
+                      across a weight update instead of sent again: kept, paused through it;
+                      resumed, aborted and continued from their tokens; policy.partial_rollout)
      "redis": {"used_mb", "peak_mb", "maxmemory_mb", "limit_mb"},
      "model_servers": [{"url", "version", "model", "set_aside": {producer: why}}],  (what a
                       trainer's ModelServers recorded; which live producers set it aside)
@@ -78,6 +81,7 @@ def snapshot(client: SyncClient, keys: Keys, config: RolloutConfig,
     snap["batchers"] = _batchers(raw["batchers"], raw["alive"])
     snap["dropped"] = _dropped(raw["batchers"], raw["dead"])
     snap["tokens_discarded"] = _tokens_discarded(raw["batchers"], records)
+    snap["turns_continued"] = _turns_continued(records)
     snap["redis"] = _redis_memory(raw["memory"], limits)
     snap["model_servers"] = _model_servers(raw["servers"], records, live)
     snap["warnings"] = warnings(snap, limits)
@@ -322,6 +326,15 @@ def _tokens_discarded(raw: dict[Any, bytes], records: dict[str, ProducerRecord]
             if name.startswith("tokens_discarded/"):
                 out[name.split("/", 1)[1]] += value
     return dict(sorted(out.items()))
+
+
+def _turns_continued(records: dict[str, ProducerRecord]) -> dict[str, int]:
+    """The producers' turns continued across a weight update: kept and resumed."""
+    out = {"kept": 0, "resumed": 0}
+    for record in records.values():
+        for how, n in record.turns_continued.items():
+            out[how] = out.get(how, 0) + int(n)
+    return out
 
 
 def _redis_memory(info: dict[str, Any], limits: Limits) -> dict[str, Any]:
