@@ -16,7 +16,10 @@ OUT_DIR receives:
     tokenizer.json          Hugging Face layout, loadable by `tokenizers` and `transformers`
     tokenizer_config.json   ChatML template, special tokens
     thinking/               tokenizer.json + tokenizer_config.json with the Qwen3-style template
-    chatml.jinja, thinking.jinja   the two templates (llama-server --chat-template-file)
+    tools/                  tokenizer.json + tokenizer_config.json with ChatML that renders
+                            tools and tool messages as Qwen3 does (<tools>, <tool_response>)
+    chatml.jinja, thinking.jinja, tools.jinja   the templates (llama-server
+                            --chat-template-file)
     manifest.json           sizes, special token ids, seed, sha256 of every file
 
 Facts this follows: the Qwen2 pre-tokenizer regex and its llama.cpp name `qwen2` (llama.cpp
@@ -64,6 +67,59 @@ THINKING = (
     "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
     "{%- endif %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# ChatML with tools as Qwen3 renders them (Qwen/Qwen3-* tokenizer_config.json chat_template;
+# Qwen2.5's writes the same tool parts, and a default system message): with `tools`, the
+# system message gets a "# Tools" section, each function schema one JSON line (`tojson`)
+# between <tools> and </tools>; an assistant message's `tool_calls` follow its content as
+# <tool_call> blocks; consecutive `tool` messages share one user turn, each a
+# <tool_response>. Plain messages render exactly as CHATML (append-only); Qwen3's thinking
+# handling is left out (THINKING shows it). Not in a GGUF: llama-server's models keep CHATML.
+TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+)
+TOOLS = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}"
+    "{%- endif %}"
+    "{{- " + json.dumps(TOOLS_HEADER) + " }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- " + json.dumps(TOOLS_FOOTER) + " }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'user' or (message['role'] == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{%- set content = message['content'] or '' %}"
+    "{{- '<|im_start|>assistant\\n' + content }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{%- if (loop.first and content) or (not loop.first) %}{{- '\\n' }}{%- endif %}"
+    "{%- if call['function'] %}{%- set call = call['function'] %}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' }}"
+    "{%- if call['arguments'] is string %}{{- call['arguments'] }}"
+    "{%- else %}{{- call['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -271,8 +327,10 @@ def generate(out: Path, seed: int = 0, vocab_size: int = VOCAB) -> dict:
     n_vocab = tok.get_vocab_size(with_added_tokens=True)
     write_hf(tok, out, CHATML)
     write_hf(tok, out / "thinking", THINKING)
+    write_hf(tok, out / "tools", TOOLS)
     (out / "chatml.jinja").write_text(CHATML)
     (out / "thinking.jinja").write_text(THINKING)
+    (out / "tools.jinja").write_text(TOOLS)
     tensors = weights(seed, n_vocab)
     write_gguf(out / "tiny.gguf", tok, CHATML, tensors, seed)
     write_gguf(out / "tiny-thinking.gguf", tok, THINKING, tensors, seed)

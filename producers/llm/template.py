@@ -9,11 +9,16 @@ the folder layout needs only `tokenizers` and `jinja2` (the `tito` extra).
 The template is rendered as transformers renders it (transformers 5.24,
 `utils/chat_template_utils.py:563-667`, `_compile_jinja_template`: an immutable sandboxed
 jinja2 environment with `trim_blocks`, `lstrip_blocks` and the loop-controls extension,
-`raise_exception` and `strftime_now` defined; the special tokens passed by name), and the
-text is encoded without adding special tokens (the template writes them).
+`raise_exception` and `strftime_now` defined; the special tokens passed by name; its own
+`tojson` filter, `json.dumps(x, ensure_ascii=False)`: no sorted keys and no HTML escaping,
+unlike jinja2's), and the text is encoded without adding special tokens (the template writes
+them). A tag's tools go in as transformers' `apply_chat_template(tools=...)` passes them: the
+OpenAI function schemas as the `tools` variable (Qwen2.5's and Qwen3's templates write them in
+the system message, `<tools>` one JSON line each `</tools>`, and a `tool` message as a
+`<tool_response>` in a user turn).
 
 What token-in/token-out needs of it (`producers.llm.tito`):
-- `prompt_ids(messages)`: a first prompt, the template with the generation prompt;
+- `prompt_ids(messages, tools)`: a first prompt, the template with the generation prompt;
 - `close_ids`: what the template writes after an assistant message's content
   (`<|im_end|>\\n` for ChatML), read from a rendering with a marker as the content;
 - `suffix_ids(new_messages)`: the tokens of messages after an assistant message, up to the
@@ -52,6 +57,7 @@ class ChatTemplate:
                                             extensions=[loopcontrols])
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson  # transformers' own, as the server renders tools
         self._template = env.from_string(template)
         self._special = special
         self._encoded: dict[str, list[int]] = {}  # text -> ids (`encode`)
@@ -114,8 +120,9 @@ class ChatTemplate:
         return cls(tokenizer, template, special, name)
 
     # -- rendering and encoding -------------------------------------------------------------
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self._template.render(messages=messages,
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        return self._template.render(messages=messages, tools=tools, documents=None,
                                      add_generation_prompt=add_generation_prompt,
                                      **self._special)
 
@@ -141,9 +148,11 @@ class ChatTemplate:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        """A conversation's prompt as the server would render it, generation prompt added."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+    def prompt_ids(self, messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """A conversation's prompt as the server would render it, generation prompt added
+        (with `tools`, OpenAI function schemas, as a chat request's `tools` renders them)."""
+        return self.encode(self.render(messages, add_generation_prompt=True, tools=tools))
 
     def suffix_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """The tokens of `messages` (what follows an assistant message) and the generation
@@ -184,6 +193,13 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value if isinstance(value, str) else None
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    """transformers' `tojson` filter (`_compile_jinja_template`): plain `json.dumps`."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def _raise(message: str) -> None:

@@ -219,4 +219,4 @@ def recorded(response: Any, made: list[Turn]) -> Turn:
 
 def call_record(turn: Turn) -> dict[str, Any]:
     """One earlier call as the step's `model_calls` holds it."""
-    return {"response": turn.text, "version": turn.version, **turn.wire_fields()}
+    return turn.call_record()
