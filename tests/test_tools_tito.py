@@ -302,3 +302,44 @@ def test_the_math_task_with_the_python_tool_token_in_token_out(
     assert len(rows) == 8 + called and sorted(set(rows.call_index.tolist())) == (
         [0, 1] if called else [0])
     batcher.ack(batch)
+
+
+def test_the_example_agent_under_a_tokenizer_renders_its_tools(
+        fake_llm, producer_thread, r: redis.Redis, run: str, model_dir: Path) -> None:
+    """A python policy's own agent loop (examples/agent_policy.py) with `policy.llm.tokenizer`:
+    the tools it passes are rendered into its first prompt, its second call extends the first
+    exactly (replies spelled one character per token), the program's output untrained."""
+    pytest.importorskip("reasoning_gym")
+    server = fake_llm(tokenizer=str(model_dir / "tokenizer.json"), latency_s=0.001,
+                      malformed_share=0.0, spell_replies=True)
+    config = math_config(server.base_url).model_dump()
+    config["custom_envs"]["Math"]["tools"] = None
+    config["policy"] = {"type": "python",
+                        "entrypoint": f"{ROOT}/examples/agent_policy.py:make_agent",
+                        "llm": {"base_urls": [server.base_url], "model": MODEL,
+                                "max_tokens": 256, "timeout_s": 10.0,
+                                "tokenizer": str(model_dir / "tools")}}
+    batcher = Batcher(r, RolloutConfig.from_dict(config), run=run)
+    producer_thread()
+    batch = batcher.get_batch(timeout_s=60)
+    template = ChatTemplate.load(str(model_dir / "tools"))
+    assert all(isinstance(b["prompt"], list) and "tools" not in b and "tool_choice" not in b
+               for b in server.requests)
+    for traj in batch.trajectories:
+        (step,) = traj["steps"]
+        (call,) = step["model_calls"]  # the program, then the boxed answer
+        assert step["reward"] == 1.0 and "<tool_call>" in call["response"]
+        assert "<tools>\n" + json.dumps(PYTHON_SCHEMA) + "\n</tools>" in template.decode(
+            call["prompt_ids"].tolist())
+        sent = np.concatenate([call["prompt_ids"], call["response_ids"]])
+        assert np.array_equal(step["prompt_ids"][:len(sent)], sent)
+        assert "<tool_response>" in template.decode(step["prompt_ids"][len(sent):].tolist())
+    tokens = batch.trajectory_tokens()
+    assert tokens.non_extending == 0 and len(tokens) == len(batch.trajectories)
+    for row, i in enumerate(tokens.traj_index):
+        (step,) = batch.trajectories[i]["steps"]
+        n = tokens.lengths[row]
+        mask = tokens.loss_mask[row, :n].astype(bool)
+        assert np.array_equal(tokens.input_ids[row, :n][mask], np.concatenate(
+            [step["model_calls"][0]["response_ids"], step["response_ids"]]))
+    batcher.ack(batch)

@@ -26,7 +26,9 @@ conversation as it was.
 
 With `policy.tokenizer` the turns are token-in/token-out (`producers.llm.tito`): the
 producer applies the model's chat template, sends the prompt's ids to `/completions`, and
-extends each next turn with the ids the model sampled.
+extends each next turn with the ids the model sampled; a tag with tools too: the template
+renders its tools, the tag's text parser reads the calls, and each tool round extends the
+last by its sampled ids and the tool messages (`producers.llm.tito`, `producers.tools.loop`).
 
 The API key is read at `start()` from the environment variable `api_key_env` names and sent
 as `Authorization: Bearer`; it is never logged and never leaves the process otherwise.
