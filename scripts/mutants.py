@@ -1505,6 +1505,13 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{TOOLS_TITO}::test_a_policy_built_without_a_config_check_refuses_the_server_parser",),
     ),
     Mutant(
+        "tito-qwen3-suffix", "producers/llm/template.py",
+        "            ids = self.encode(self._after_reply(messages))\n",
+        "            raise PolicyError(\"rewrites a plain exchange\")\n",
+        "a template whose last reply renders otherwise (Qwen3's) still extends its turns",
+        (f"{TOOLS_TITO}::test_a_qwen3_template_extends_its_turns",),
+    ),
+    Mutant(
         "agent-tito-tools", "producers/policies/agent.py",
         "            ids = tito.prompt_ids(host._template, state, messages, tools)\n",
         "            ids = tito.prompt_ids(host._template, state, messages)\n",

@@ -16,8 +16,8 @@ OUT_DIR receives:
     tokenizer.json          Hugging Face layout, loadable by `tokenizers` and `transformers`
     tokenizer_config.json   ChatML template, special tokens
     thinking/               tokenizer.json + tokenizer_config.json with the Qwen3-style template
-    tools/                  tokenizer.json + tokenizer_config.json with ChatML that renders
-                            tools and tool messages as Qwen3 does (<tools>, <tool_response>)
+    tools/                  tokenizer.json + tokenizer_config.json with Qwen3's template:
+                            tools, tool messages and thinking as Qwen3 renders them
     chatml.jinja, thinking.jinja, tools.jinja   the templates (llama-server
                             --chat-template-file)
     manifest.json           sizes, special token ids, seed, sha256 of every file
@@ -71,13 +71,16 @@ THINKING = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-# ChatML with tools as Qwen3 renders them (Qwen/Qwen3-* tokenizer_config.json chat_template;
-# Qwen2.5's writes the same tool parts, and a default system message): with `tools`, the
-# system message gets a "# Tools" section, each function schema one JSON line (`tojson`)
-# between <tools> and </tools>; an assistant message's `tool_calls` follow its content as
-# <tool_call> blocks; consecutive `tool` messages share one user turn, each a
-# <tool_response>. Plain messages render exactly as CHATML (append-only); Qwen3's thinking
-# handling is left out (THINKING shows it). Not in a GGUF: llama-server's models keep CHATML.
+# Qwen3's chat template, tools and thinking (Qwen/Qwen3-* tokenizer_config.json
+# chat_template, written here in our own words; Qwen2.5's writes the same tool parts, with a
+# default system message and no thinking): with `tools`, the system message gets a
+# "# Tools" section, each function schema one JSON line (`tojson`) between <tools> and
+# </tools>; an assistant message's `tool_calls` follow its content as <tool_call> blocks;
+# consecutive `tool` messages share one user turn, each a <tool_response>. An assistant
+# message after the last user query (a user message that is not only tool responses) keeps
+# its <think> block, the last one gets an empty one when it has none; earlier ones lose
+# theirs. So a reply followed by more messages renders otherwise than the same reply last:
+# not append-only. Not in a GGUF: llama-server's models keep CHATML and THINKING.
 TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
@@ -98,12 +101,32 @@ TOOLS = (
     "{%- elif messages[0]['role'] == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
     "{%- endif %}"
+    # the last user query: scanning back, the first user message not only tool responses
+    "{%- set ns = namespace(query=messages|length - 1, scanning=true) %}"
+    "{%- for message in messages[::-1] %}"
+    "{%- set text = message['content'] if message['content'] is string else '' %}"
+    "{%- if ns.scanning and message['role'] == 'user' and not (text.startswith("
+    "'<tool_response>') and text.endswith('</tool_response>')) %}"
+    "{%- set ns.scanning = false %}{%- set ns.query = messages|length - 1 - loop.index0 %}"
+    "{%- endif %}"
+    "{%- endfor %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'user' or (message['role'] == 'system' and not loop.first) %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{%- elif message['role'] == 'assistant' %}"
     "{%- set content = message['content'] or '' %}"
-    "{{- '<|im_start|>assistant\\n' + content }}"
+    "{%- set reasoning = '' %}"
+    "{%- if message['reasoning_content'] is defined and message['reasoning_content'] "
+    "is not none %}{%- set reasoning = message['reasoning_content'] %}"
+    "{%- elif '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1]"
+    ".lstrip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.query and (loop.last or reasoning) %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n'"
+    " + content.lstrip('\\n') }}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + content }}{%- endif %}"
     "{%- for call in message['tool_calls'] or [] %}"
     "{%- if (loop.first and content) or (not loop.first) %}{{- '\\n' }}{%- endif %}"
     "{%- if call['function'] %}{%- set call = call['function'] %}{%- endif %}"
@@ -121,7 +144,10 @@ TOOLS = (
     "{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
 )
 
 # model shape: small enough to write and load in well under a second

@@ -74,6 +74,35 @@ def test_tool_messages_follow_a_reply_as_qwen_renders_them(model_dir: Path) -> N
         "</tool_response>\nassistant\n")  # <|im_start|>, <|im_end|> are special: skipped
 
 
+def test_a_qwen3_template_extends_its_turns(model_dir: Path) -> None:
+    """Qwen3's template renders a reply that is last with an empty <think> block and one
+    followed by messages without: the suffix is cut after the reply's close, and each next
+    prompt extends the last prompt and sampled ids exactly (the thinking kept as sampled)."""
+    template = ChatTemplate.load(str(model_dir / "tools"))
+    exchange = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    last = template.render(exchange, add_generation_prompt=False)
+    assert "<think>\n\n</think>" in last  # Qwen3's: the last reply gets an empty block
+    followed = template.render([*exchange, {"role": "user", "content": "z"}], True)
+    assert not followed.startswith(last)  # so the exchange is no prefix
+    scratch: dict[str, Any] = {}
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Solve."}]
+    end = template.tokenizer.token_to_id("<|im_end|>")
+    turns = []
+    for user, reply in [("2 + 2?", "<think>easy</think>\n4"), ("Again?", "<think>so</think>5"),
+                        ("Once more.", "6")]:
+        messages.append({"role": "user", "content": user})
+        prompt = tito.prompt_ids(template, scratch, messages, [PYTHON_SCHEMA])
+        sampled = [*template.encode(reply), end]
+        messages.append({"role": "assistant", "content": reply})
+        tito.remember(scratch, messages, prompt, sampled)
+        turns.append((prompt, sampled))
+    for (before, sampled), (after, _) in zip(turns, turns[1:], strict=False):
+        assert after[:len(before) + len(sampled)] == before + sampled
+    assert template.decode(turns[2][0][len(turns[1][0]) + len(turns[1][1]):]) == (
+        "\nuser\nOnce more.\nassistant\n")
+    assert "easy" in template.decode(turns[2][0])  # re-rendered, Qwen3 would drop it
+
+
 # -- the stand-in: scripted Hermes calls in completions ---------------------------------------
 def ask(server: Any, template: ChatTemplate, ids: list[int]) -> str:
     from llm_helpers import http

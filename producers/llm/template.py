@@ -23,7 +23,10 @@ What token-in/token-out needs of it (`producers.llm.tito`):
   (`<|im_end|>\\n` for ChatML), read from a rendering with a marker as the content;
 - `suffix_ids(new_messages)`: the tokens of messages after an assistant message, up to the
   generation prompt: rendered after a fixed plain exchange (no thinking, so a template that
-  rewrites earlier assistant turns leaves it alone) and cut at its end.
+  rewrites earlier assistant turns leaves it alone) and cut at its end; where the exchange
+  renders otherwise once messages follow it (Qwen3's template: the last reply after the
+  last user query gets an empty `<think>` block, a reply with more after it none), cut
+  after the reply's close instead, the reply a marker found in the rendering.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class ChatTemplate:
         # new messages (their items, in order) -> their suffix ids: a repeated observation
         # skips the rendering too
         self._suffixes: dict[tuple[Any, ...], list[int]] = {}
+        self._close_text = ""  # what the template writes after a reply (`_close_ids`)
         self.close_ids = self._close_ids()
         base = self.render(_BASE, add_generation_prompt=False)
         self._base_len = len(base)
@@ -165,16 +169,31 @@ class ChatTemplate:
         if ids is not None:
             return ids
         text = self.render([*_BASE, *messages], add_generation_prompt=True)
-        if not text.startswith(self._base):
-            raise PolicyError(f"policy.tokenizer: the chat template of {self.source} rewrites "
-                              "a plain exchange when messages follow it; its turns cannot be "
-                              "extended token by token")
-        ids = self.encode(text[self._base_len:])
+        if text.startswith(self._base):
+            ids = self.encode(text[self._base_len:])
+        else:  # the reply renders otherwise when messages follow it (Qwen3's)
+            ids = self.encode(self._after_reply(messages))
         if key is not None:
             if len(self._suffixes) >= ENCODE_CACHE:
                 self._suffixes.clear()
             self._suffixes[key] = ids
         return ids
+
+    def _after_reply(self, messages: list[dict[str, Any]]) -> str:
+        """The text of `messages` and the generation prompt after a reply and its close, for
+        a template whose exchange renders otherwise when messages follow it: Qwen3's gives
+        the last assistant message after the last user query an empty `<think>` block, and
+        none once another message follows. The reply is a marker, found in the rendering;
+        what follows it and the close is the suffix."""
+        text = self.render([_BASE[0], {"role": "assistant", "content": _MARK}, *messages],
+                           add_generation_prompt=True)
+        at = text.find(_MARK)
+        end = at + len(_MARK) + len(self._close_text)
+        if at < 0 or text[at + len(_MARK):end] != self._close_text:
+            raise PolicyError(f"policy.tokenizer: the chat template of {self.source} rewrites "
+                              "a reply when messages follow it; its turns cannot be extended "
+                              "token by token")
+        return text[end:]
 
     def _close_ids(self) -> list[int]:
         """What the template writes after an assistant message's content (`<|im_end|>\\n`)."""
@@ -185,7 +204,8 @@ class ChatTemplate:
         if at < 0:
             raise PolicyError(f"policy.tokenizer: the chat template of {self.source} does not "
                               "write an assistant message's content as given")
-        return self.encode(text[at + len(_MARK):])
+        self._close_text = text[at + len(_MARK):]
+        return self.encode(self._close_text)
 
 
 def _token_text(value: Any) -> str | None:
