@@ -68,6 +68,7 @@ class ChatTemplate:
         # skips the rendering too
         self._suffixes: dict[tuple[Any, ...], list[int]] = {}
         self._close_text = ""  # what the template writes after a reply (`_close_ids`)
+        self._marked = False  # its exchange renders otherwise once messages follow it
         self.close_ids = self._close_ids()
         base = self.render(_BASE, add_generation_prompt=False)
         self._base_len = len(base)
@@ -168,11 +169,15 @@ class ChatTemplate:
             ids, key = None, None
         if ids is not None:
             return ids
-        text = self.render([*_BASE, *messages], add_generation_prompt=True)
-        if text.startswith(self._base):
-            ids = self.encode(text[self._base_len:])
-        else:  # the reply renders otherwise when messages follow it (Qwen3's)
+        if not self._marked:
+            text = self.render([*_BASE, *messages], add_generation_prompt=True)
+            # the reply renders otherwise when messages follow it (Qwen3's): from now on
+            # this template's suffixes are cut after a marked reply at once
+            self._marked = not text.startswith(self._base)
+        if self._marked:
             ids = self.encode(self._after_reply(messages))
+        else:
+            ids = self.encode(text[self._base_len:])
         if key is not None:
             if len(self._suffixes) >= ENCODE_CACHE:
                 self._suffixes.clear()

@@ -81,7 +81,7 @@ class ToolLoop:
             message = (data.get("choices") or [{}])[0].get("message") or {}
             parsed = parsers.from_server(message, prefix)
         else:
-            parsed = parsers.TEXT_PARSERS[spec.parser](turn.text, prefix)
+            parsed = parsers.TEXT_PARSERS[spec.reader(token_exact=True)](turn.text, prefix)
         return parsers.check(parsed, schemas)
 
     async def play(self, env: Any, ctx: StepContext, messages: list[dict[str, Any]],
