@@ -1435,6 +1435,21 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_agent_policy.py::test_the_trainers_model_servers_are_the_agents",),
     ),
     Mutant(
+        "schemas-names-eager", "schemas/__init__.py",
+        "if TYPE_CHECKING:  # what type checkers and readers see",
+        "if True:  # what type checkers and readers see",
+        "the command line starts without numpy and the wire format (schemas' names lazy)",
+        ("tests/test_layout.py::test_the_command_line_starts_without_the_heavy_parts",),
+    ),
+    Mutant(
+        "cli-store-eager", "rollstream/cli/store.py",
+        "from rollstream.cli.errors import UsageError\n",
+        "from consumer.store import batch_files, read_batch  # noqa: F401\n"
+        "from rollstream.cli.errors import UsageError\n",
+        "the command line starts without the consumer (export/replay import it when run)",
+        ("tests/test_layout.py::test_the_command_line_starts_without_the_heavy_parts",),
+    ),
+    Mutant(
         "tito-renders-tools", "producers/policies/openai.py",
         "                                      None if tools is None else tools[1])\n",
         "                                      None)\n",

@@ -12,9 +12,6 @@ import json
 import sys
 from typing import Any, TextIO
 
-import numpy as np
-
-from consumer.store import batch_files, read_batch
 from rollstream.cli.errors import UsageError
 
 
@@ -22,6 +19,8 @@ def export(args: argparse.Namespace) -> int:
     """`rollstream export DIR [--format jsonl] [--out FILE]`: one JSON line per trajectory,
     with its batch's file, mode, version and round (the batch's metrics once, on its first
     trajectory's line, under `batch_metrics`)."""
+    from consumer.store import batch_files, read_batch  # not at the CLI's start
+
     files = batch_files(args.path)
     batches = [read_batch(file) for file in files]  # every file checked before any output
     if args.out is None:
@@ -46,6 +45,8 @@ def _write(batches: list[Any], out: TextIO) -> int:
 
 
 def _json_default(value: Any) -> Any:
+    import numpy as np
+
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, np.generic):
@@ -57,6 +58,7 @@ def _json_default(value: Any) -> Any:
 
 def replay(args: argparse.Namespace) -> int:
     """`rollstream replay FILE_OR_DIR`: 0 when every replayed step matches, 1 otherwise."""
+    from consumer.store import batch_files, read_batch
     from rollstream.replay import Replayer, ReplayReport
 
     files = batch_files(args.path)
