@@ -151,6 +151,7 @@ class RolloutConfig(BaseModel):
             for tag in manager.tags if manager is not None else ():
                 if tag not in self.custom_envs and not _is_gym_id(tag):
                     raise ValueError(_unknown_tag(name, tag, self.custom_envs))
+        _check_tool_parsers(self)
         return self
 
     # -- derived ---------------------------------------------------------------------------
@@ -325,6 +326,19 @@ class RolloutConfig(BaseModel):
         """The config as published in Redis: everything but `redis_url` (producers are
         already connected, and a URL can hold a password)."""
         return self.model_dump_json(exclude={"redis_url"})
+
+
+def _check_tool_parsers(config: RolloutConfig) -> None:
+    """`tools.parser: server` reads the server's parsed `tool_calls`, which a token-in/
+    token-out turn (`policy.tokenizer`: the completions endpoint) never has: refused."""
+    if getattr(config.policy, "tokenizer", None) is None:
+        return
+    for tag, spec in config.custom_envs.items():
+        if spec.tools is not None and spec.tools.parser == "server":
+            raise ValueError(
+                f"custom_envs.{tag}.tools.parser: server reads the server's parsed tool "
+                "calls, which token-in/token-out turns (policy.tokenizer) do not have; name "
+                "a text parser (hermes) or leave it out")
 
 
 def _check_multiple(field: str, size: int, manager: EnvManagerConfig, name: str) -> None:

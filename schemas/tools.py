@@ -4,7 +4,9 @@ calls are read, and the limits of the built-in `python` sandbox.
     tools:
       functions: [python]            # a built-in name, or an OpenAI function schema
       tool_choice: auto              # sent as is with chat requests (auto, none, required, ...)
-      parser: server                 # server (the server's tool_calls) or hermes (the text)
+      parser: hermes                 # server (the server's tool_calls) or hermes (the text);
+                                     # unset: server with chat requests, hermes with
+                                     # token-in/token-out (policy.tokenizer)
       max_calls_per_turn: 4          # more in one reply are answered "not run"
       max_rounds: 4                  # tool rounds before the env gets the reply
       python: {timeout_s: 5, cpu_s: 5, memory_mb: 512, output_bytes: 4096, max_parallel: 4,
@@ -24,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, f
 BUILTIN_TOOLS = ("python",)
 # the text parsers a config may name (producers/tools/parsers.py; its `register` adds here)
 TEXT_PARSERS: list[str] = ["hermes"]
+DEFAULT_TEXT_PARSER = "hermes"  # a tag's reader under token-in/token-out when none is named
 
 PYTHON_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -66,18 +69,20 @@ class ToolsSpec(BaseModel):
         "schemas; the env's own `tools` are added")
     tool_choice: str | dict[str, Any] = Field(default="auto", description="the request's "
                                               "tool_choice")
-    parser: str = Field(default="server", description="server: the server's parsed "
-                        "tool_calls (vLLM --enable-auto-tool-choice --tool-call-parser "
-                        "hermes); hermes: the producer reads <tool_call> JSON from the text")
+    parser: str | None = Field(default=None, description="server: the server's parsed "
+                               "tool_calls (vLLM --enable-auto-tool-choice --tool-call-parser "
+                               "hermes; chat requests only); hermes: the producer reads "
+                               "<tool_call> JSON from the text; unset: server with chat "
+                               "requests, hermes with token-in/token-out (policy.tokenizer)")
     max_calls_per_turn: PositiveInt = Field(default=4, description="calls run per reply")
     max_rounds: PositiveInt = Field(default=4, description="tool rounds per env turn")
     python: PythonLimits = Field(default_factory=PythonLimits)
 
     @field_validator("parser")
     @classmethod
-    def _known_parser(cls, parser: str) -> str:
+    def _known_parser(cls, parser: str | None) -> str | None:
         known = ["server", *TEXT_PARSERS]
-        if parser not in known:
+        if parser is not None and parser not in known:
             raise ValueError(f"tools.parser {parser!r} is unknown (known: {', '.join(known)})")
         return parser
 
@@ -94,6 +99,13 @@ class ToolsSpec(BaseModel):
                 raise ValueError("tools.functions: a schema needs function.name "
                                  '({"type": "function", "function": {"name": ...}})')
         return functions
+
+    def reader(self, token_exact: bool) -> str:
+        """How the calls are read: the parser given, else `server` with chat requests and
+        `hermes` with token-in/token-out (whose replies no server parsed)."""
+        if self.parser is not None:
+            return self.parser
+        return DEFAULT_TEXT_PARSER if token_exact else "server"
 
     def schemas(self, env_tools: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """The OpenAI `tools` list: the built-ins' schemas, the config's, then the env's."""

@@ -43,6 +43,7 @@ PROVENANCE = "tests/test_token_provenance.py"
 TITO = "tests/test_tito.py"
 STICKY = "tests/test_sticky_sessions.py"
 RESUME = "tests/test_resume.py"
+TOOLS_TITO = "tests/test_tools_tito.py"
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".mypy_cache",
              ".ruff_cache"}
 
@@ -1512,6 +1513,97 @@ MUTANTS: tuple[Mutant, ...] = (
         "(rollstream_turns_kept, status)",
         (f"{PARTIAL}::test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again"
          "[keep-vllm]",),
+    ),
+    Mutant(
+        "tito-renders-tools", "producers/policies/openai.py",
+        "                                      None if tools is None else tools[1])\n",
+        "                                      None)\n",
+        "token-in/token-out: a tag's tools are rendered into the first prompt",
+        (f"{TOOLS_TITO}::test_the_math_task_with_the_python_tool_token_in_token_out[clean]",),
+    ),
+    Mutant(
+        "tito-tojson", "producers/llm/template.py",
+        "        env.filters[\"tojson\"] = _tojson",
+        "        pass",
+        "tools rendered with transformers' tojson (no sorted keys, no HTML escaping)",
+        (f"{TOOLS_TITO}::test_tools_render_as_transformers_renders_them",),
+    ),
+    Mutant(
+        "tito-no-tools-field", "producers/policies/openai.py",
+        "                      if tools is not None and tito is None else config.extra_body)",
+        "                      if tools is not None else config.extra_body)",
+        "a token-id completion request carries no chat `tools` or `tool_choice`",
+        (f"{TOOLS_TITO}::test_the_math_task_with_the_python_tool_token_in_token_out[clean]",),
+    ),
+    Mutant(
+        "tito-round-extends", "producers/tools/loop.py",
+        "            if replied is not None:\n                replied(turn)\n",
+        "            pass\n",
+        "a tool round's next prompt extends the round's prompt and sampled ids exactly",
+        (f"{TOOLS_TITO}::test_the_math_task_with_the_python_tool_token_in_token_out[spelled]",),
+    ),
+    Mutant(
+        "tito-rounds-apart", "producers/llm/tito.py",
+        "    return {TITO_KEY: scratch[TITO_KEY]} if TITO_KEY in scratch else {}\n",
+        "    return scratch\n",
+        "a turn cut short between tool rounds leaves the episode's conversation ids",
+        (f"{TOOLS_TITO}::test_a_turn_cut_short_between_rounds_leaves_the_conversation_ids",),
+    ),
+    Mutant(
+        "tool-round-label", "producers/policies/openai.py",
+        "            if tools is not None:  # a tool round is recorded as it is (model_calls)\n",
+        "            if False:\n",
+        "each tool round is labelled with its version as it comes",
+        (f"{TOOLS_TITO}::test_the_math_task_with_the_python_tool_token_in_token_out[clean]",),
+    ),
+    Mutant(
+        "tool-rounds-as-calls", "producers/tools/loop.py",
+        "            turn.extra[\"model_calls\"] = calls\n",
+        "            pass\n",
+        "a turn's tool rounds are recorded as model calls (trainable, with their prompts)",
+        (f"{TOOLS_TITO}::test_the_math_task_with_the_python_tool_token_in_token_out[clean]",),
+    ),
+    Mutant(
+        "tito-reads-text", "schemas/tools.py",
+        "        return DEFAULT_TEXT_PARSER if token_exact else \"server\"\n",
+        "        return \"server\"\n",
+        "an unset tools.parser reads token-in/token-out replies with a text parser",
+        (f"{TOOLS_TITO}::test_an_unset_parser_reads_by_the_turns_kind_and_server_needs_chat",),
+    ),
+    Mutant(
+        "tito-server-parser-config", "schemas/config.py",
+        "        _check_tool_parsers(self)\n",
+        "",
+        "tools.parser server under policy.tokenizer is a config error (exit 2)",
+        (f"{TOOLS_TITO}::test_the_server_parser_under_a_tokenizer_is_one_line_and_exit_2",),
+    ),
+    Mutant(
+        "tito-server-parser-policy", "producers/policies/openai.py",
+        "        if self._tito is not None and tools[0].parser == \"server\":\n",
+        "        if False:\n",
+        "a policy built without the config check refuses the server parser under a tokenizer",
+        (f"{TOOLS_TITO}::test_a_policy_built_without_a_config_check_refuses_the_server_parser",),
+    ),
+    Mutant(
+        "tito-qwen3-suffix", "producers/llm/template.py",
+        "            ids = self.encode(self._after_reply(messages))\n",
+        "            raise PolicyError(\"rewrites a plain exchange\")\n",
+        "a template whose last reply renders otherwise (Qwen3's) still extends its turns",
+        (f"{TOOLS_TITO}::test_a_qwen3_template_extends_its_turns",),
+    ),
+    Mutant(
+        "agent-tito-tools", "producers/policies/agent.py",
+        "            ids = tito.prompt_ids(host._template, state, messages, tools)\n",
+        "            ids = tito.prompt_ids(host._template, state, messages)\n",
+        "an agent's tools under policy.llm.tokenizer are rendered into its first prompt",
+        (f"{TOOLS_TITO}::test_the_example_agent_under_a_tokenizer_renders_its_tools",),
+    ),
+    Mutant(
+        "agent-tito-no-tools-field", "producers/policies/agent.py",
+        "        if tools is not None and tito is None:  # token-in/token-out: in the prompt",
+        "        if tools is not None:  # token-in/token-out: in the prompt",
+        "an agent's token-id completion request carries no chat `tools`",
+        (f"{TOOLS_TITO}::test_the_example_agent_under_a_tokenizer_renders_its_tools",),
     ),
 )
 

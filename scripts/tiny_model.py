@@ -16,7 +16,10 @@ OUT_DIR receives:
     tokenizer.json          Hugging Face layout, loadable by `tokenizers` and `transformers`
     tokenizer_config.json   ChatML template, special tokens
     thinking/               tokenizer.json + tokenizer_config.json with the Qwen3-style template
-    chatml.jinja, thinking.jinja   the two templates (llama-server --chat-template-file)
+    tools/                  tokenizer.json + tokenizer_config.json with Qwen3's template:
+                            tools, tool messages and thinking as Qwen3 renders them
+    chatml.jinja, thinking.jinja, tools.jinja   the templates (llama-server
+                            --chat-template-file)
     manifest.json           sizes, special token ids, seed, sha256 of every file
 
 Facts this follows: the Qwen2 pre-tokenizer regex and its llama.cpp name `qwen2` (llama.cpp
@@ -66,6 +69,85 @@ THINKING = (
     "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Qwen3's chat template, tools and thinking (Qwen/Qwen3-* tokenizer_config.json
+# chat_template, written here in our own words; Qwen2.5's writes the same tool parts, with a
+# default system message and no thinking): with `tools`, the system message gets a
+# "# Tools" section, each function schema one JSON line (`tojson`) between <tools> and
+# </tools>; an assistant message's `tool_calls` follow its content as <tool_call> blocks;
+# consecutive `tool` messages share one user turn, each a <tool_response>. An assistant
+# message after the last user query (a user message that is not only tool responses) keeps
+# its <think> block, the last one gets an empty one when it has none; earlier ones lose
+# theirs. So a reply followed by more messages renders otherwise than the same reply last:
+# not append-only. Not in a GGUF: llama-server's models keep CHATML and THINKING.
+TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+)
+TOOLS = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}"
+    "{%- endif %}"
+    "{{- " + json.dumps(TOOLS_HEADER) + " }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- " + json.dumps(TOOLS_FOOTER) + " }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    # the last user query: scanning back, the first user message not only tool responses
+    "{%- set ns = namespace(query=messages|length - 1, scanning=true) %}"
+    "{%- for message in messages[::-1] %}"
+    "{%- set text = message['content'] if message['content'] is string else '' %}"
+    "{%- if ns.scanning and message['role'] == 'user' and not (text.startswith("
+    "'<tool_response>') and text.endswith('</tool_response>')) %}"
+    "{%- set ns.scanning = false %}{%- set ns.query = messages|length - 1 - loop.index0 %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'user' or (message['role'] == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{%- set content = message['content'] or '' %}"
+    "{%- set reasoning = '' %}"
+    "{%- if message['reasoning_content'] is defined and message['reasoning_content'] "
+    "is not none %}{%- set reasoning = message['reasoning_content'] %}"
+    "{%- elif '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1]"
+    ".lstrip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{%- if loop.index0 > ns.query and (loop.last or reasoning) %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n'"
+    " + content.lstrip('\\n') }}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + content }}{%- endif %}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{%- if (loop.first and content) or (not loop.first) %}{{- '\\n' }}{%- endif %}"
+    "{%- if call['function'] %}{%- set call = call['function'] %}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' }}"
+    "{%- if call['arguments'] is string %}{{- call['arguments'] }}"
+    "{%- else %}{{- call['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
 )
 
 # model shape: small enough to write and load in well under a second
@@ -271,8 +353,10 @@ def generate(out: Path, seed: int = 0, vocab_size: int = VOCAB) -> dict:
     n_vocab = tok.get_vocab_size(with_added_tokens=True)
     write_hf(tok, out, CHATML)
     write_hf(tok, out / "thinking", THINKING)
+    write_hf(tok, out / "tools", TOOLS)
     (out / "chatml.jinja").write_text(CHATML)
     (out / "thinking.jinja").write_text(THINKING)
+    (out / "tools.jinja").write_text(TOOLS)
     tensors = weights(seed, n_vocab)
     write_gguf(out / "tiny.gguf", tok, CHATML, tensors, seed)
     write_gguf(out / "tiny-thinking.gguf", tok, THINKING, tensors, seed)

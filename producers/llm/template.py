@@ -9,16 +9,24 @@ the folder layout needs only `tokenizers` and `jinja2` (the `tito` extra).
 The template is rendered as transformers renders it (transformers 5.24,
 `utils/chat_template_utils.py:563-667`, `_compile_jinja_template`: an immutable sandboxed
 jinja2 environment with `trim_blocks`, `lstrip_blocks` and the loop-controls extension,
-`raise_exception` and `strftime_now` defined; the special tokens passed by name), and the
-text is encoded without adding special tokens (the template writes them).
+`raise_exception` and `strftime_now` defined; the special tokens passed by name; its own
+`tojson` filter, `json.dumps(x, ensure_ascii=False)`: no sorted keys and no HTML escaping,
+unlike jinja2's), and the text is encoded without adding special tokens (the template writes
+them). A tag's tools go in as transformers' `apply_chat_template(tools=...)` passes them: the
+OpenAI function schemas as the `tools` variable (Qwen2.5's and Qwen3's templates write them in
+the system message, `<tools>` one JSON line each `</tools>`, and a `tool` message as a
+`<tool_response>` in a user turn).
 
 What token-in/token-out needs of it (`producers.llm.tito`):
-- `prompt_ids(messages)`: a first prompt, the template with the generation prompt;
+- `prompt_ids(messages, tools)`: a first prompt, the template with the generation prompt;
 - `close_ids`: what the template writes after an assistant message's content
   (`<|im_end|>\\n` for ChatML), read from a rendering with a marker as the content;
 - `suffix_ids(new_messages)`: the tokens of messages after an assistant message, up to the
   generation prompt: rendered after a fixed plain exchange (no thinking, so a template that
-  rewrites earlier assistant turns leaves it alone) and cut at its end.
+  rewrites earlier assistant turns leaves it alone) and cut at its end; where the exchange
+  renders otherwise once messages follow it (Qwen3's template: the last reply after the
+  last user query gets an empty `<think>` block, a reply with more after it none), cut
+  after the reply's close instead, the reply a marker found in the rendering.
 """
 
 from __future__ import annotations
@@ -52,12 +60,15 @@ class ChatTemplate:
                                             extensions=[loopcontrols])
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = _tojson  # transformers' own, as the server renders tools
         self._template = env.from_string(template)
         self._special = special
         self._encoded: dict[str, list[int]] = {}  # text -> ids (`encode`)
         # new messages (their items, in order) -> their suffix ids: a repeated observation
         # skips the rendering too
         self._suffixes: dict[tuple[Any, ...], list[int]] = {}
+        self._close_text = ""  # what the template writes after a reply (`_close_ids`)
+        self._marked = False  # its exchange renders otherwise once messages follow it
         self.close_ids = self._close_ids()
         base = self.render(_BASE, add_generation_prompt=False)
         self._base_len = len(base)
@@ -114,8 +125,9 @@ class ChatTemplate:
         return cls(tokenizer, template, special, name)
 
     # -- rendering and encoding -------------------------------------------------------------
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self._template.render(messages=messages,
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        return self._template.render(messages=messages, tools=tools, documents=None,
                                      add_generation_prompt=add_generation_prompt,
                                      **self._special)
 
@@ -141,9 +153,11 @@ class ChatTemplate:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        """A conversation's prompt as the server would render it, generation prompt added."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+    def prompt_ids(self, messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """A conversation's prompt as the server would render it, generation prompt added
+        (with `tools`, OpenAI function schemas, as a chat request's `tools` renders them)."""
+        return self.encode(self.render(messages, add_generation_prompt=True, tools=tools))
 
     def suffix_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """The tokens of `messages` (what follows an assistant message) and the generation
@@ -155,17 +169,36 @@ class ChatTemplate:
             ids, key = None, None
         if ids is not None:
             return ids
-        text = self.render([*_BASE, *messages], add_generation_prompt=True)
-        if not text.startswith(self._base):
-            raise PolicyError(f"policy.tokenizer: the chat template of {self.source} rewrites "
-                              "a plain exchange when messages follow it; its turns cannot be "
-                              "extended token by token")
-        ids = self.encode(text[self._base_len:])
+        if not self._marked:
+            text = self.render([*_BASE, *messages], add_generation_prompt=True)
+            # the reply renders otherwise when messages follow it (Qwen3's): from now on
+            # this template's suffixes are cut after a marked reply at once
+            self._marked = not text.startswith(self._base)
+        if self._marked:
+            ids = self.encode(self._after_reply(messages))
+        else:
+            ids = self.encode(text[self._base_len:])
         if key is not None:
             if len(self._suffixes) >= ENCODE_CACHE:
                 self._suffixes.clear()
             self._suffixes[key] = ids
         return ids
+
+    def _after_reply(self, messages: list[dict[str, Any]]) -> str:
+        """The text of `messages` and the generation prompt after a reply and its close, for
+        a template whose exchange renders otherwise when messages follow it: Qwen3's gives
+        the last assistant message after the last user query an empty `<think>` block, and
+        none once another message follows. The reply is a marker, found in the rendering;
+        what follows it and the close is the suffix."""
+        text = self.render([_BASE[0], {"role": "assistant", "content": _MARK}, *messages],
+                           add_generation_prompt=True)
+        at = text.find(_MARK)
+        end = at + len(_MARK) + len(self._close_text)
+        if at < 0 or text[at + len(_MARK):end] != self._close_text:
+            raise PolicyError(f"policy.tokenizer: the chat template of {self.source} rewrites "
+                              "a reply when messages follow it; its turns cannot be extended "
+                              "token by token")
+        return text[end:]
 
     def _close_ids(self) -> list[int]:
         """What the template writes after an assistant message's content (`<|im_end|>\\n`)."""
@@ -176,7 +209,8 @@ class ChatTemplate:
         if at < 0:
             raise PolicyError(f"policy.tokenizer: the chat template of {self.source} does not "
                               "write an assistant message's content as given")
-        return self.encode(text[at + len(_MARK):])
+        self._close_text = text[at + len(_MARK):]
+        return self.encode(self._close_text)
 
 
 def _token_text(value: Any) -> str | None:
@@ -184,6 +218,13 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value if isinstance(value, str) else None
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    """transformers' `tojson` filter (`_compile_jinja_template`): plain `json.dumps`."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def _raise(message: str) -> None:

@@ -13,6 +13,12 @@ whatever the template does to earlier turns.
   template, which drops the thinking of earlier assistant turns, would rewrite the prefix;
   here each turn's prompt starts with the previous prompt and sampled ids exactly, thinking
   kept as sampled.
+- **Tool rounds** (a tag with tools, `producers.tools.loop`): the first prompt renders the
+  tools in (`tools=`, as a chat request's `tools`), each reply's calls are read from its text
+  by the tag's text parser, and the results follow it as `tool` messages: the next round's
+  prompt is this round's prompt + its sampled ids + the close + `suffix_ids(tool messages)`,
+  as for any next turn. Each round is recorded with its own prompt ids on the step
+  (`model_calls`), so every sampled id is trainable and the tool results are not.
 - **The request**: `/v1/completions` with `prompt` a list of ids (vLLM 0.33
   `entrypoints/openai/completion/protocol.py:53`, SGLang 0.5.23
   `srt/entrypoints/openai/protocol.py:372`, llama-server's OpenAI-compatible completions,
@@ -56,13 +62,16 @@ class Conversation:
 
 
 def prompt_ids(template: ChatTemplate, scratch: dict[str, Any],
-               messages: list[dict[str, Any]]) -> list[int]:
-    """This turn's prompt ids (see the module docstring)."""
+               messages: list[dict[str, Any]],
+               tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """This turn's prompt ids (see the module docstring); a first prompt renders `tools` (a
+    tag's function schemas) as the template writes them; a next one extends the ids, the
+    `tool` messages after a reply included (`suffix_ids`)."""
     state: Conversation | None = scratch.get(TITO_KEY)
     if (state is not None and state.messages is messages and len(messages) > state.covered
             and messages[state.covered - 1].get("role") == "assistant"):
         return extend(template, state.prompt, state.sampled, messages[state.covered:])
-    return template.prompt_ids(messages)
+    return template.prompt_ids(messages, tools)
 
 
 def extend(template: ChatTemplate, prompt: list[int], sampled: list[int],
@@ -82,6 +91,13 @@ def remember(scratch: dict[str, Any], messages: list[dict[str, Any]], prompt: li
              sampled: list[int]) -> None:
     """After the reply was appended to `messages`: the ids the next turn extends."""
     scratch[TITO_KEY] = Conversation(messages, len(messages), prompt, sampled)
+
+
+def for_rounds(scratch: dict[str, Any]) -> dict[str, Any]:
+    """The scratch a turn's tool rounds extend (`prompt_ids`, `remember`): the episode's
+    conversation ids, apart from the episode's scratch, so a turn cut short between rounds
+    leaves the episode's as they were (its final reply is remembered there)."""
+    return {TITO_KEY: scratch[TITO_KEY]} if TITO_KEY in scratch else {}
 
 
 def request_body(model: str, prompt: list[int], *, sampling: dict[str, Any], seed: int,

@@ -15,7 +15,11 @@ for token.
   arguments overriding it (`temperature`, `top_p`, `top_k`, `stop`, `repetition_penalty`,
   `include_stop_str_in_output`; `max_tokens` caps it, as a tag's `max_tokens_per_step`
   does), appends the reply to `messages` as an assistant message and returns its `Turn`.
-  With chat requests `tools` (OpenAI function schemas) and `tool_choice` go in the body.
+  With chat requests `tools` (OpenAI function schemas) and `tool_choice` go in the body;
+  with token-in/token-out the chat template renders `tools` into a list's first prompt (as
+  a server renders a chat request's) and `tool_choice` has no use: the reply is the text,
+  its calls read by the agent (`producers.tools.parsers.parse_hermes`), their results
+  appended as `tool` messages, whose tokens the next call's prompt adds.
   Call k of a step sends the seed `turn_seed(ctx) + k * CALL_SEED_STRIDE`: call 0 is the
   `openai` policy's seed, and two calls of a turn on one prompt sample apart.
 - **Token-in/token-out** (`policy.llm.tokenizer`): the producer applies the chat template
@@ -81,17 +85,13 @@ class LLM:
                              f"(one of {', '.join(sorted(OVERRIDES))})")
         host, config = self._host, self._host.config
         tito = host._tito
-        if tools is not None and tito is not None:
-            raise ValueError("llm.chat: tools with policy.llm.tokenizer are not supported yet "
-                             "(token-in/token-out renders no tools): describe them in a "
-                             "message, or leave out the tokenizer")
         if ctx.version > host._view_version and host._context is not None:
             await host._read_servers_at(ctx.version)  # what the servers hold after a publish
         sampled = for_turn(config.sampling, ctx.mode, sampling.pop("max_tokens", None))
         extra_body = dict(config.extra_body)
-        if tools is not None:
+        if tools is not None and tito is None:  # token-in/token-out: in the prompt (below)
             extra_body["tools"] = tools
-        if tool_choice is not None:
+        if tool_choice is not None and tito is None:
             extra_body["tool_choice"] = tool_choice
         min_version = host._min_version(ctx) if config.require_version else None
         session = session_key(ctx.mode, ctx.group_id, ctx.episode_id)  # the group's episode
@@ -104,7 +104,7 @@ class LLM:
         ids = None
         if tito is not None:  # this list's own ids so far (a fresh list: none)
             state = dict(conversations.get(id(messages), {}))
-            ids = tito.prompt_ids(host._template, state, messages)
+            ids = tito.prompt_ids(host._template, state, messages, tools)
 
         def body(cap: int | None) -> dict[str, Any]:
             fields = {**sampled.fields(cap), **sampling}
@@ -219,4 +219,4 @@ def recorded(response: Any, made: list[Turn]) -> Turn:
 
 def call_record(turn: Turn) -> dict[str, Any]:
     """One earlier call as the step's `model_calls` holds it."""
-    return {"response": turn.text, "version": turn.version, **turn.wire_fields()}
+    return turn.call_record()

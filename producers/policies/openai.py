@@ -28,7 +28,9 @@ the conversation as it was.
 
 With `policy.tokenizer` the turns are token-in/token-out (`producers.llm.tito`): the
 producer applies the model's chat template, sends the prompt's ids to `/completions`, and
-extends each next turn with the ids the model sampled.
+extends each next turn with the ids the model sampled; a tag with tools too: the template
+renders its tools, the tag's text parser reads the calls, and each tool round extends the
+last by its sampled ids and the tool messages (`producers.llm.tito`, `producers.tools.loop`).
 
 The API key is read at `start()` from the environment variable `api_key_env` names and sent
 as `Authorization: Bearer`; it is never logged and never leaves the process otherwise.
@@ -50,7 +52,7 @@ from producers.llm.labels import label_version
 from producers.llm.routing import session_key
 from producers.llm.sampling import for_turn
 from producers.policies.protocol import PolicyContext, StepContext, Turn
-from producers.tools.loop import ToolLoop, request_fields, tools_of
+from producers.tools.loop import ToolLoop, Tools, request_fields, tools_of
 from schemas.envspec import DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPLATE, AgentPrompt
 from schemas.errors import PolicyError, TurnAborted
 from schemas.policy import OpenAIPolicyConfig, ServerRecord, read_server_record
@@ -98,7 +100,6 @@ class OpenAIPolicy:
         self._template: Any = None  # token-in/token-out: the model's chat template
         self._tito: Any = None  # producers.llm.tito when policy.tokenizer is set
         self._tools = ToolLoop()  # a tag's tool calls (producers/tools/loop.py)
-        self._tools_by_chat: set[str] = set()  # tags with tools said to go by chat requests
         # continue a turn the server aborted from its tokens so far (policy.partial_rollout)
         self._resumes = config.partial_rollout.in_flight == "resume"
 
@@ -176,10 +177,13 @@ class OpenAIPolicy:
         prompt: AgentPrompt = getattr(env, "agent_prompt", None) or _DEFAULT_PROMPT
         sampled = for_turn(config.sampling, ctx.mode, prompt.max_tokens_per_step)
         messages = chat.messages_for_turn(ctx, observation, prompt, sampled.max_response_length)
-        tools = tools_of(env)  # the tag's tools (producers/tools/loop.py)
-        extra_body = ({**config.extra_body, **request_fields(*tools)} if tools is not None
-                      else config.extra_body)
-        tito = self._tito if tools is None else self._chat_for_tools(ctx)
+        tools = tools_of(env, self._tito is not None)  # the tag's (producers/tools/loop.py)
+        tito = self._tito if tools is None else self._tito_for_tools(ctx, tools)
+        extra_body = ({**config.extra_body, **request_fields(*tools)}
+                      if tools is not None and tito is None else config.extra_body)
+        # a turn's tool rounds extend a copy of the conversation's ids (tito.for_rounds)
+        conversation = ctx.scratch if tools is None or tito is None else tito.for_rounds(
+            ctx.scratch)
         min_version = self._min_version(ctx) if config.require_version else None
         session = session_key(ctx.mode, ctx.group_id, ctx.episode_id)  # the group's episode
         asked = len(messages)
@@ -190,7 +194,8 @@ class OpenAIPolicy:
             """One reply to `messages` as they are now."""
             ids = None
             if tito is not None:  # token-in/token-out: the template applied here
-                ids = tito.prompt_ids(self._template, ctx.scratch, messages)
+                ids = tito.prompt_ids(self._template, conversation, messages,
+                                      None if tools is None else tools[1])
             prompt_ids[0] = ids
             body = self._body(messages, ids, sampled.fields(), ctx, extra_body)
             answer = await self.pool.chat(body, min_version=min_version, session=session)
@@ -214,12 +219,19 @@ class OpenAIPolicy:
                                                   min_version, session)
             turn.server, turn.latency_s = answer.server.base_url, answer.latency_s
             answered[:] = [answer]
+            if tools is not None:  # a tool round is recorded as it is (model_calls)
+                label_version(turn, answer, ctx.version, self._context is not None)
             return turn, answer.data
+
+        def replied(turn: Turn) -> None:  # a tool round's ids: the next prompt extends them
+            if tito is not None and prompt_ids[0] is not None:
+                tito.remember(conversation, messages, prompt_ids[0], turn.response_ids.tolist())
 
         try:
             turn, data = await generate()
             if tools is not None:
-                turn = await self._tools.play(env, ctx, messages, turn, data, generate)
+                turn = await self._tools.play(env, ctx, messages, turn, data, generate,
+                                              tools=tools, replied=replied)
         except BaseException:  # cut short, aborted or failed: no half turn stays behind
             del messages[asked - 1:]
             raise
@@ -288,15 +300,15 @@ class OpenAIPolicy:
         return self._chat.request_body(config.model, messages, sampling=sampling, seed=seed,
                                        extra_body=extra_body)
 
-    def _chat_for_tools(self, ctx: StepContext) -> None:
-        """A tag with tools goes by chat requests (the server's tool parser) even with
-        `policy.tokenizer`: token-exact tool rounds are not built yet. Said once per tag."""
-        if self._tito is not None and ctx.tag not in self._tools_by_chat:
-            self._tools_by_chat.add(ctx.tag)
-            logger.warning("tag %s has tools: its turns go as chat requests, not token-in/"
-                           "token-out (policy.tokenizer), so their ids are the server's",
-                           ctx.tag)
-        return None
+    def _tito_for_tools(self, ctx: StepContext, tools: Tools) -> Any:
+        """A tag with tools goes token-in/token-out with `policy.tokenizer` (its calls read
+        from the sampled text by its text parser), else by chat requests. `parser: server`
+        there is refused by the config check; a policy built without one is told here."""
+        if self._tito is not None and tools[0].parser == "server":
+            raise PolicyError(f"custom_envs.{ctx.tag}.tools.parser: server reads the server's "
+                              "parsed tool calls, which token-in/token-out turns "
+                              "(policy.tokenizer) do not have")
+        return self._tito
 
     def _merged(self, server: str, data: dict[str, Any]) -> None:
         """One warning per server whose logprob entries do not match its tokens (see

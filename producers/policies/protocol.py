@@ -116,6 +116,11 @@ class Turn:
         out.update(self.extra)
         return out
 
+    def call_record(self) -> dict[str, Any]:
+        """This reply as one of a step's earlier model calls (`model_calls`: an agent's
+        calls, a turn's tool rounds), which a trainer expands before the step's own."""
+        return {"response": self.text, "version": self.version, **self.wire_fields()}
+
 
 @dataclass
 class PolicyContext:

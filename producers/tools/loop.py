@@ -5,10 +5,13 @@ the env), a call is malformed, or `max_rounds` rounds are used.
 A tag has tools when its config says so (`custom_envs.TAG.tools`, `schemas.tools.ToolsSpec`)
 or its env lists its own (`env.tools`: OpenAI function schemas, run by `env.call_tool(name,
 arguments)`, plain or async). Each reply's calls are read by the tag's parser
-(`producers.tools.parsers`): `server` sends `tools` and `tool_choice` and reads the server's
-`tool_calls`; a text parser (`hermes`) sends `tools` with `tool_choice: none` (vLLM 0.33
-renders the tools into the prompt and parses nothing: `chat_completion/serving.py`,
-`exclude_tools_when_tool_choice_none` off by default) and reads the text itself. At most
+(`producers.tools.parsers`; `ToolsSpec.reader`: unset, `server` with chat requests and
+`hermes` with token-in/token-out): `server` sends `tools` and `tool_choice` and reads the
+server's `tool_calls`; a text parser (`hermes`) sends `tools` with `tool_choice: none` (vLLM
+0.33 renders the tools into the prompt and parses nothing: `chat_completion/serving.py`,
+`exclude_tools_when_tool_choice_none` off by default) and reads the text itself; under
+token-in/token-out (`policy.tokenizer`) the producer renders the tools into the prompt itself
+and a text parser reads the sampled text (`producers.llm.tito`). At most
 `max_calls_per_turn` calls of a reply run (concurrently); the others are answered "not run"
 (every call id gets its `tool` message).
 
@@ -16,9 +19,10 @@ A malformed call (see `parsers`) ends the loop: the env gets the reply as the mo
 and judges it (an unparsable answer: the env's format penalty). Each is counted on the step
 (`tool_malformed`, summed per batch as `tools/malformed`), and the first of each kind in the
 process is logged with the raw text, so a parser that never matches is seen at the first
-batch. The step records its rounds (`tool_rounds`: each reply's text, calls, results, and
-response token ids and logprobs where the server gave them; their prompts are in the final
-reply's) and `tool_calls` (calls run).
+batch. The step records its rounds (`tool_rounds`: each reply's text, calls and results),
+each round's reply as a model call (`model_calls[k]` is round k's: prompt and response ids,
+logprobs, version, as an agent's calls are recorded, so `trajectory_tokens` trains on every
+round's sampled tokens and on no tool result) and `tool_calls` (calls run).
 """
 
 from __future__ import annotations
@@ -39,15 +43,21 @@ logger = logging.getLogger(__name__)
 
 RESULT_CHARS = 2000  # of each tool result kept in the step's record (the model gets it all)
 Generate = Callable[[], Awaitable[tuple[Turn, dict[str, Any]]]]  # one more reply
+Tools = tuple[ToolsSpec, list[dict[str, Any]]]  # a tag's spec (its reader set) and schemas
 
 
-def tools_of(env: Any) -> tuple[ToolsSpec, list[dict[str, Any]]] | None:
-    """The tag's tools (spec, OpenAI schemas), or None when it has none."""
+def tools_of(env: Any, token_exact: bool = False) -> Tools | None:
+    """The tag's tools (spec, OpenAI schemas), or None when it has none; the spec's parser
+    is the one its turns read with (`ToolsSpec.reader`: `token_exact` for token-in/
+    token-out turns)."""
     spec = getattr(env, "tool_spec", None)
     env_tools = getattr(env, "tools", None)
     if spec is None and not env_tools:
         return None
     spec = spec or ToolsSpec()
+    reader = spec.reader(token_exact)
+    if spec.parser != reader:
+        spec = spec.model_copy(update={"parser": reader})
     return spec, spec.schemas(list(env_tools or []))
 
 
@@ -71,18 +81,24 @@ class ToolLoop:
             message = (data.get("choices") or [{}])[0].get("message") or {}
             parsed = parsers.from_server(message, prefix)
         else:
-            parsed = parsers.TEXT_PARSERS[spec.parser](turn.text, prefix)
+            parsed = parsers.TEXT_PARSERS[spec.reader(token_exact=True)](turn.text, prefix)
         return parsers.check(parsed, schemas)
 
     async def play(self, env: Any, ctx: StepContext, messages: list[dict[str, Any]],
-                   turn: Turn, data: dict[str, Any], generate: Generate) -> Turn:
+                   turn: Turn, data: dict[str, Any], generate: Generate, *,
+                   tools: Tools | None = None,
+                   replied: Callable[[Turn], None] | None = None) -> Turn:
         """Run the calls of `turn` (the first reply) and ask again until the reply goes to
         the env; returns that reply, with the rounds recorded on it. `messages` grows by
-        each round's assistant and tool messages (the caller appends the last reply)."""
-        found = tools_of(env)
+        each round's assistant and tool messages (the caller appends the last reply).
+        `tools`: the tag's, as `tools_of` gave them (default: read from the env, chat
+        requests); `replied(turn)`: called once a round's assistant message is appended,
+        before its tool messages (token-in/token-out: the next prompt extends its ids)."""
+        found = tools or tools_of(env)
         assert found is not None
         spec, schemas = found
         rounds: list[dict[str, Any]] = []
+        calls: list[dict[str, Any]] = []  # each round's reply as a model call
         calls_run = malformed = 0
         for n in range(spec.max_rounds + 1):
             parsed = self.parse(spec, schemas, turn, data, f"call_{ctx.turn}_{n}")
@@ -97,6 +113,8 @@ class ToolLoop:
             results = await asyncio.gather(*(self._call(env, spec, call, ctx.tag)
                                              for call in run))
             messages.append(self._assistant(spec, turn.text, parsed))
+            if replied is not None:
+                replied(turn)
             for call, result in zip(run, results, strict=True):
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
             for call in over:
@@ -105,9 +123,11 @@ class ToolLoop:
                                             "tool calls per turn"})
             calls_run += len(run)
             rounds.append(_record(turn, parsed, results, len(over)))
+            calls.append(turn.call_record())
             turn, data = await generate()
         if rounds:
             turn.extra["tool_rounds"] = rounds
+            turn.extra["model_calls"] = calls
         turn.extra["tool_calls"] = calls_run
         turn.extra["tool_malformed"] = malformed
         return turn
@@ -169,8 +189,4 @@ def _record(turn: Turn, parsed: parsers.Parsed, results: list[str],
         "results": [r[:RESULT_CHARS] for r in results],
         "not_run": not_run,
     }
-    for name in ("response_ids", "logprobs"):  # its prompt is in the final reply's
-        value = getattr(turn, name)
-        if value is not None:
-            out[name] = [x.item() if hasattr(x, "item") else x for x in value]
     return out

@@ -6,7 +6,10 @@ e.g. the one scripts/tiny_model.py writes: the producers' `policy.tokenizer`), e
 stand-in's own hashed pieces (`player.encode`; ids it handed out through `/tokenize` or its
 replies read back). The decoded prompt is split into ChatML messages and played as a chat
 request is (`player.reply`); the reply is encoded with the same tokenizer and ends with
-`<|im_end|>`. Faults are the chat endpoint's only; pauses, weight loads and `hold` meet a
+`<|im_end|>`. A prompt that renders a `python` tool as Qwen2.5/Qwen3 do (`<tools>` in the
+system message, `<tool_response>` user turns: `player.rendered_tool_turns`) gets the scripted
+Hermes tool calls a chat request with `tools` gets (`player.tool_reply`), as text. Faults are
+the chat endpoint's only; pauses, weight loads and `hold` meet a
 completion as they meet a chat request (a vLLM pause in abort or wait mode answers 503, a
 keeping pause freezes it, a weight update or an abort ends it early).
 
@@ -61,7 +64,16 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from rollstream.fake_llm.flavors import Refusal
-from rollstream.fake_llm.player import SPECIAL_IDS, encode, pieces, reply, token_id
+from rollstream.fake_llm.player import (
+    SPECIAL_IDS,
+    encode,
+    offers_python,
+    pieces,
+    rendered_tool_turns,
+    reply,
+    token_id,
+    tool_reply,
+)
 from rollstream.fake_llm.responses import json_response, unauthorized
 
 if TYPE_CHECKING:
@@ -93,6 +105,11 @@ class Vocabulary:
         for piece in pieces(text):
             self.pieces.setdefault(token_id(piece), piece)
         return encode(text)
+
+    def spell(self, text: str) -> list[int]:
+        """The text one character per token: decodes to the same text, other ids than
+        `encode` gives (a tokenization a model may sample; `--spell-replies`)."""
+        return [i for char in text for i in self.encode(char)]
 
     def decode(self, ids: list[int], special: bool = True) -> str:
         if self.tokenizer is not None:
@@ -195,11 +212,15 @@ async def _complete(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[st
         out, logprobs, kept = rest
         server.stats["tokens_resumed"] += kept
     else:
-        text, good = reply(messages_of(vocabulary.decode(ids)),
-                           float(body.get("temperature", 1.0) or 0.0), rng,
+        tools, messages = rendered_tool_turns(messages_of(vocabulary.decode(ids)))
+        text, good = reply(messages, float(body.get("temperature", 1.0) or 0.0), rng,
                            p_good=opts.p_good, malformed_share=opts.malformed_share,
                            think_words=opts.think_words)
-        out = [*vocabulary.encode(text), vocabulary.eos]
+        if offers_python(tools):  # tools rendered into the prompt: scripted Hermes calls
+            text = tool_reply(messages, rng, malformed_share=opts.malformed_share) or text
+        spelled = opts.spell_replies
+        out = [*(vocabulary.spell(text) if spelled else vocabulary.encode(text)),
+               vocabulary.eos]
         low, high = (-0.4, -0.01) if good else (-3.0, -0.3)
         logprobs = [round(rng.uniform(low, high), 4) for _ in out]
     finish = "stop"

@@ -34,6 +34,7 @@ class FakeLLMOptions:
     tokenizer: str = ""  # a tokenizer.json reading token-id prompts (fake_llm.completions)
     prefix_cache_tokens: int = 0  # prompt tokens its prefix cache holds (0: none)
     prefill_s_per_token: float = 0.0  # seconds per prompt token not found in that cache
+    spell_replies: bool = False  # /v1/completions replies one character per token
 
 
 OPTION_HELP = {  # `rollstream fake-llm --help`, one line per FakeLLMOptions field
@@ -62,4 +63,7 @@ OPTION_HELP = {  # `rollstream fake-llm --help`, one line per FakeLLMOptions fie
     "prefix_cache_tokens": "prompt tokens its prefix cache (an LRU of 16-token blocks, as "
                            "vLLM's) holds; 0: no cache",
     "prefill_s_per_token": "seconds each prompt token not found in that cache adds",
+    "spell_replies": "token-id completions sample their replies one character per token: "
+                     "the same text, not the tokenizer's own ids (as a model may sample), so "
+                     "a client that encodes the text again gets other ids",
 }

@@ -250,6 +250,35 @@ def tool_reply(messages: list[dict[str, Any]], rng: random.Random, *,
         f"<tool_call>\n{block}\n</tool_call>" for block in blocks)
 
 
+_TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.DOTALL)
+_TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
+
+
+def rendered_tool_turns(messages: list[dict[str, Any]]
+                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(tools, messages) of a prompt rendered as Qwen2.5/Qwen3 render tools (a token-id
+    prompt's ChatML messages): the function schemas of the system message's `<tools>` block
+    (one JSON line each), and a user turn made of `<tool_response>` blocks as `tool`
+    messages, so the scripted model answers it as it answers a chat request's."""
+    tools: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        content = str(message.get("content") or "")
+        if message.get("role") == "system" and not tools:
+            found = _TOOLS_BLOCK.search(content)
+            for line in found.group(1).splitlines() if found else ():
+                try:
+                    tools.append(json.loads(line))
+                except ValueError:
+                    continue
+        responses = _TOOL_RESPONSE.findall(content) if message.get("role") == "user" else []
+        if responses and content.startswith("<tool_response>"):
+            out += [{"role": "tool", "content": text} for text in responses]
+        else:
+            out.append(message)
+    return tools, out
+
+
 def server_tool_calls(text: str, flavor: str) -> tuple[str | None, list[dict[str, Any]]]:
     """What a server started with a tool parser makes of a reply (`content`, `tool_calls`):
     vLLM 0.33 (`--enable-auto-tool-choice --tool-call-parser hermes`) takes every block or,
