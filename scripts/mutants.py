@@ -1332,6 +1332,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "none of the producer's environment variables (API keys) reach the python tool",
         (f"{TOOLS}::test_each_call_gets_a_fresh_directory_and_none_of_our_environment",),
     ),
+    Mutant(
+        "tito-encode-line-start", "producers/llm/template.py",
+        '_LINE_START = re.compile(r"(?<=\\n)(?=[!-~])")',
+        '_LINE_START = re.compile(r"(?<=\\n)")',
+        "a text is cut into lines only where a pre-token must end (before a printable ASCII)",
+        ("tests/test_tito_lines.py::test_the_tiny_tokenizer_is_encoded_by_lines",),
+    ),
+    Mutant(
+        "tito-encode-lines-normalizer", "producers/llm/template.py",
+        'if spec.get("normalizer") is not None or not isinstance(steps, list)',
+        'if not isinstance(steps, list)',
+        "a tokenizer with a normalizer is encoded whole, not line by line",
+        ("tests/test_tito_lines.py::test_other_tokenizers_are_encoded_whole",),
+    ),
 )
 
 
