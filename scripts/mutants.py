@@ -1337,7 +1337,8 @@ MUTANTS: tuple[Mutant, ...] = (
         '_LINE_START = re.compile(r"(?<=\\n)(?=[!-~])")',
         '_LINE_START = re.compile(r"(?<=\\n)")',
         "a text is cut into lines only where a pre-token must end (before a printable ASCII)",
-        ("tests/test_tito_lines.py::test_the_tiny_tokenizer_is_encoded_by_lines",),
+        ("tests/test_tito_lines.py::test_the_tiny_tokenizer_is_encoded_by_lines",
+         "tests/test_tito_lines.py::test_the_llama3_split_pattern_is_encoded_by_lines"),
     ),
     Mutant(
         "tito-encode-lines-normalizer", "producers/llm/template.py",

@@ -47,6 +47,25 @@ def test_the_tiny_tokenizer_is_encoded_by_lines(tiny: Path) -> None:
         assert template.encode(text) == whole, repr(text)
 
 
+def test_the_llama3_split_pattern_is_encoded_by_lines(tiny: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from producers.llm.template import _LINE_SAFE_PATTERNS
+
+    template = ChatTemplate.load(str(tiny))
+    spec = json.loads((tiny / "tokenizer.json").read_text())
+    llama3 = next(p for p in _LINE_SAFE_PATTERNS if "{1,3}" in p)
+    spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = llama3
+    template.tokenizer = Tokenizer.from_str(json.dumps(spec))
+    template._encoded.clear()
+    assert _line_pieces(template.tokenizer)
+    rng = random.Random(8)
+    for _ in range(2000):
+        text = "".join(rng.choice(PARTS) for _ in range(rng.randint(1, 14)))
+        whole = template.tokenizer.encode(text, add_special_tokens=False).ids
+        assert template.encode(text) == whole, repr(text)
+
+
 def test_an_observation_encoded_by_lines(tiny: Path) -> None:
     template = ChatTemplate.load(str(tiny))
     text = ("<|im_start|>user\nTurn 3:\nObservation:\nG_O_\n____\nP___\n____\nStrictly follow "
