@@ -1605,6 +1605,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "an agent's token-id completion request carries no chat `tools`",
         (f"{TOOLS_TITO}::test_the_example_agent_under_a_tokenizer_renders_its_tools",),
     ),
+    Mutant(
+        "tito-encode-line-start", "producers/llm/template.py",
+        '_LINE_START = re.compile(r"(?<=\\n)(?=[!-~])")',
+        '_LINE_START = re.compile(r"(?<=\\n)")',
+        "a text is cut into lines only where a pre-token must end (before a printable ASCII)",
+        ("tests/test_tito_lines.py::test_the_tiny_tokenizer_is_encoded_by_lines",
+         "tests/test_tito_lines.py::test_the_llama3_split_pattern_is_encoded_by_lines"),
+    ),
+    Mutant(
+        "tito-encode-lines-normalizer", "producers/llm/template.py",
+        'if spec.get("normalizer") is not None or not isinstance(steps, list)',
+        'if not isinstance(steps, list)',
+        "a tokenizer with a normalizer is encoded whole, not line by line",
+        ("tests/test_tito_lines.py::test_other_tokenizers_are_encoded_whole",),
+    ),
 )
 
 

@@ -32,6 +32,7 @@ What token-in/token-out needs of it (`producers.llm.tito`):
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,15 @@ ENCODE_CACHE = 8192  # texts whose ids are kept (cleared when full)
 _MARK = "\x00rollstream-content\x00"  # an assistant content no template writes by itself
 # a plain exchange the new messages are rendered after (no thinking, nothing to strip)
 _BASE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+# pre-tokenizer split patterns (Qwen2's, Llama 3's) after which a line break followed by a
+# printable ASCII character always ends a pre-token (`_line_pieces`)
+_LINE_SAFE_PATTERNS = frozenset({
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+})
+_LINE_START = re.compile(r"(?<=\n)(?=[!-~])")  # after a line break, before a printable ASCII
 
 
 class ChatTemplate:
@@ -64,6 +74,7 @@ class ChatTemplate:
         self._template = env.from_string(template)
         self._special = special
         self._encoded: dict[str, list[int]] = {}  # text -> ids (`encode`)
+        self._by_lines = _line_pieces(tokenizer)
         # new messages (their items, in order) -> their suffix ids: a repeated observation
         # skips the rendering too
         self._suffixes: dict[tuple[Any, ...], list[int]] = {}
@@ -137,9 +148,14 @@ class ChatTemplate:
         costs ~1 us per token here (the Qwen2 split regex), a cache hit nothing."""
         ids = self._encoded.get(text)
         if ids is None:
+            pieces = _LINE_START.split(text) if self._by_lines and "\n" in text else ()
+            if len(pieces) > 1:  # line by line: an observation's lines come back
+                ids = [i for piece in pieces for i in self.encode(piece)]
+            else:
+                ids = self._encode(text)
             if len(self._encoded) >= ENCODE_CACHE:
                 self._encoded.clear()
-            ids = self._encoded[text] = self._encode(text)
+            self._encoded[text] = ids
         return ids
 
     def _encode(self, text: str) -> list[int]:
@@ -211,6 +227,35 @@ class ChatTemplate:
                               "write an assistant message's content as given")
         self._close_text = text[at + len(_MARK):]
         return self.encode(self._close_text)
+
+
+def _line_pieces(tokenizer: Any) -> bool:
+    """Whether the tokenizer's ids of a text are the concatenation of its ids of the text's
+    lines (cut after a line break followed by a printable ASCII character). True for a BPE
+    tokenizer without normalizer whose pre-tokenizer is a Qwen2 or Llama 3 split pattern and
+    a byte-level step without its own regex, and no added token holding a line break or
+    taking the whitespace before it (`lstrip`): every alternative of those patterns that
+    covers a line break ends at the last line break of a run (the other alternatives hold no
+    line break, or only whitespace), so a pre-token ends there, and each pre-token is encoded
+    alone. Anything else (or a tokenizer that cannot say): encoded whole."""
+    try:
+        spec = json.loads(tokenizer.to_str())
+    except Exception:  # not a tokenizers.Tokenizer (a stand-in): encoded whole
+        return False
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if spec.get("normalizer") is not None or not isinstance(steps, list) or len(steps) != 2:
+        return False
+    split, byte_level = steps
+    if not (split.get("type") == "Split" and split.get("behavior") == "Isolated"
+            and not split.get("invert")
+            and (split.get("pattern") or {}).get("Regex") in _LINE_SAFE_PATTERNS):
+        return False
+    if not (byte_level.get("type") == "ByteLevel" and not byte_level.get("add_prefix_space")
+            and not byte_level.get("use_regex")):
+        return False
+    return all("\n" not in str(token.get("content")) and not token.get("lstrip")
+               for token in spec.get("added_tokens") or [])
 
 
 def _token_text(value: Any) -> str | None:
