@@ -152,13 +152,20 @@ def _is_cluster_node(client: redis.Redis) -> bool:
         raise
 
 
+# redis-py's default retry of a connection (redis 8: 10 more tries, backoff from 10 ms up to 1 s)
+_RETRY_BASE = getattr(redis.client, "DEFAULT_RETRY_BASE", 0.01)
+_RETRY_CAP = getattr(redis.client, "DEFAULT_RETRY_CAP", 1)
+_RETRY_COUNT = getattr(redis.client, "DEFAULT_RETRY_COUNT", 10)
+
+
 class _SyncRetry(redis.retry.Retry):
-    """redis-py's default retry of a connection (3 tries, backoff from 1 s), but never of
-    refused credentials: its `AuthenticationError` is a `ConnectionError`, so a sentinel
-    refusing the password was asked 4 times over ~4 s before the one line said so."""
+    """redis-py's default retry of a connection, but never of refused credentials: its
+    `AuthenticationError` is a `ConnectionError`, so a sentinel refusing the password was
+    asked 11 times over ~4 s before the one line said so."""
 
     def __init__(self) -> None:
-        super().__init__(ExponentialWithJitterBackoff(base=1, cap=10), 3)
+        super().__init__(ExponentialWithJitterBackoff(base=_RETRY_BASE, cap=_RETRY_CAP),
+                         _RETRY_COUNT)
 
     def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None,
                         with_failure_count: bool = False) -> Any:
@@ -169,7 +176,8 @@ class _AsyncRetry(redis.asyncio.retry.Retry):
     """`_SyncRetry` for the asyncio clients."""
 
     def __init__(self) -> None:
-        super().__init__(ExponentialWithJitterBackoff(base=1, cap=10), 3)
+        super().__init__(ExponentialWithJitterBackoff(base=_RETRY_BASE, cap=_RETRY_CAP),
+                         _RETRY_COUNT)
 
     async def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None,
                               with_failure_count: bool = False) -> Any:
