@@ -165,8 +165,10 @@ def test_two_servers_one_killed_mid_run(fake_llm, producer_thread, r: redis.Redi
     batcher = Batcher(r, config, run=run)
     producer_thread()
     batch = batcher.get_batch(timeout_s=30)
-    assert {s["server"] for t in batch.trajectories for s in t["steps"]} == {a.base_url,
-                                                                          b.base_url}
+    # both servers in use before one dies: each episode sticks to one server (its group's),
+    # so the first batch's few groups may all be on one; the servers' own counts say it
+    wait_for(lambda: a.stats["completed"] > 0 and b.stats["completed"] > 0, 30,
+             what="both servers answering turns")
     a.stop()
     for _ in range(3):
         batcher.ack(batch)
