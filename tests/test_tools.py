@@ -367,9 +367,8 @@ def test_build_env_hands_the_tags_tools_to_the_env() -> None:
 
 
 def test_a_bad_tools_block_is_one_line_and_exit_2(tmp_path) -> None:
-    import sys
 
-    from helpers import ROOT, clean_env
+    from helpers import run_cli
 
     path = tmp_path / "tools.yaml"
     path.write_text("rollout_batch_size: 8\n"
@@ -377,8 +376,7 @@ def test_a_bad_tools_block_is_one_line_and_exit_2(tmp_path) -> None:
                     "val_env_manager: {num_env_groups: 2, group_size: 1, tags: [Math]}\n"
                     "custom_envs:\n  Math:\n    env_type: 'rg:basic_arithmetic'\n"
                     "    tools: {functions: [python], parser: qwen}\n")
-    out = subprocess.run([sys.executable, "-m", "rollstream", "config", "check", str(path)],
-                         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60)
+    out = run_cli("config", "check", str(path), timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
         f"rollstream: error: {path}: custom_envs.Math.tools.parser: tools.parser 'qwen' is "

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import redis
-from helpers import ROOT, clean_env, small_config
+from helpers import ROOT, run_cli, small_config
 from llm_helpers import MODEL, fake_llm_factory
 from real_servers import load_tiny_model_script
 
@@ -247,8 +245,7 @@ def test_the_server_parser_under_a_tokenizer_is_one_line_and_exit_2(tmp_path: Pa
                     "    tools: {functions: [python], parser: server}\n"
                     "policy: {type: openai, base_urls: ['http://127.0.0.1:1/v1'], model: m,\n"
                     "         tokenizer: Qwen/Qwen3-0.6B}\n")
-    out = subprocess.run([sys.executable, "-m", "rollstream", "config", "check", str(path)],
-                         cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60)
+    out = run_cli("config", "check", str(path), timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
         f"rollstream: error: {path}: custom_envs.Math.tools.parser: server reads the server's "
