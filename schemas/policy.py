@@ -78,10 +78,14 @@ class _PartialRolloutField(BaseModel):
     @model_validator(mode="after")
     def _resume_needs_token_ids(self) -> Any:
         # resuming from text would retokenize what was sampled: only token-id prompts resume
-        if (self.partial_rollout.in_flight == "resume"
-                and not ("tokenizer" in type(self).model_fields
-                         and getattr(self, "tokenizer", None))):
-            raise ValueError("partial_rollout.in_flight: resume needs policy.tokenizer "
+        # a python policy's agent calls go token-in/token-out with policy.llm.tokenizer
+        llm = getattr(self, "llm", None)
+        own = getattr(self, "tokenizer", None) if "tokenizer" in type(self).model_fields else None
+        if (self.partial_rollout.in_flight == "resume" and not own
+                and not getattr(llm, "tokenizer", None)):
+            where = "policy.llm.tokenizer" if "llm" in type(self).model_fields else \
+                "policy.tokenizer"
+            raise ValueError(f"partial_rollout.in_flight: resume needs {where} "
                              "(token-in/token-out: a turn resumes from its sampled ids; "
                              "from text they would be retokenized); use keep or abort")
         return self

@@ -1481,7 +1481,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "resume-needs-tokenizer", "schemas/policy.py",
-        'if (self.partial_rollout.in_flight == "resume"\n',
+        'if (self.partial_rollout.in_flight == "resume" and not own\n',
         'if (False\n',
         "in_flight resume is refused without policy.tokenizer (one line, exit 2): resuming "
         "from text would retokenize",
@@ -1504,6 +1504,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "a continuation the server aborts at once (loading) waits before the next: no busy "
         "loop of requests",
         (f"{RESUME}::test_a_continuation_aborted_while_the_server_loads_waits_and_resumes",),
+    ),
+    Mutant(
+        "agent-resumes", "producers/policies/__init__.py",
+        """        return AgentPolicy(policy, config.llm.model_copy(
+            update={"partial_rollout": config.partial_rollout}))""",
+        "        return AgentPolicy(policy, config.llm)",
+        "a python policy's partial_rollout rules its agent's calls: with in_flight resume an "
+        "aborted call is continued from its tokens, not sampled again from scratch",
+        ("tests/test_agent_policy.py::"
+         "test_an_agents_call_aborted_by_an_update_resumes_from_its_tokens",),
     ),
     Mutant(
         "turns-kept-counted", "producers/rollout.py",

@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from helpers import ONE_STEP_ENV_ID, ROOT, clean_env, publish, small_config
+from helpers import (
+    ONE_STEP_ENV_ID,
+    ROOT,
+    clean_env,
+    publish,
+    small_config,
+    stream_messages,
+    wait_for,
+)
 from llm_helpers import MODEL, fake_llm_factory
 from real_servers import load_tiny_model_script
 
@@ -134,11 +142,13 @@ def test_the_example_agent_solves_with_the_tool_and_records_every_call(
 
 
 # -- token-in/token-out: each message list its own conversation ------------------------------
-def lake_agent_config(base_urls: list[str], tokenizer: str | None, **kwargs: Any) -> Any:
+def lake_agent_config(base_urls: list[str], tokenizer: str | None, ratio: int = 0,
+                      **kwargs: Any) -> Any:
     lake = {"env_type": "frozen_lake", "env_config": {"size": 4, "p": 0.8,
                                                       "is_slippery": False, "max_steps": 4}}
     return small_config(
         rollout_batch_size=8, val_env_manager=None, custom_envs={"Lake": lake},
+        async_generation_ratio=ratio,
         train_env_manager={"num_env_groups": 2, "group_size": 4, "tags": ["Lake"]},
         policy={"type": "python", "entrypoint": f"{AGENTS}:make_reconsider", **kwargs,
                 "llm": {"base_urls": base_urls, "model": MODEL, "max_tokens": 64,
@@ -198,6 +208,59 @@ def test_token_in_token_out_calls_extend_their_own_conversation(
     else:
         check_tokens(batch, 2)
     batcher.ack(batch)
+
+
+def test_an_agents_call_aborted_by_an_update_resumes_from_its_tokens(
+        fake_llm, producer_thread, r: redis.Redis, run: str, model_dir: Path) -> None:
+    """`partial_rollout.in_flight: resume` on a python policy's block rules its agent's
+    calls as it does the openai policy's turns (one path, `OpenAIPolicy.sample`): the
+    stand-in vLLM server holds the calls, the update (`/pause?mode=abort`) aborts them with
+    their tokens so far, and each aborted call is continued from them: every recorded call's
+    ids are the server's answers to its seed, in order, each once; nothing discarded."""
+    from producers import metrics
+
+    def discarded() -> int:
+        return sum(n for (_, why), n in list(metrics.LLM.discarded.items()) if why == "aborted")
+
+    server = fake_llm(flavor="vllm", tokenizer=str(model_dir / "tokenizer.json"),
+                      latency_s=0.003, load_time_s=0.05)
+    config = lake_agent_config([server.base_url], str(model_dir),
+                               ratio=1, partial_rollout={"in_flight": "resume"})
+    batcher = Batcher(r, config, run=run)
+    servers = ModelServers.for_batcher(batcher, "vllm", watch_s=None)
+    assert servers.pause_mode == "abort"
+    lost = discarded()
+    producer_thread()
+    batches = [batcher.get_batch(timeout_s=30)]
+    servers.update(1, "/ckpt/1")
+    batcher.ack(batches[0])
+    batcher.publish_version(1)
+
+    server.hold()
+    wait_for(lambda: server.stats["held"] >= 4, what="calls held in flight at version 1")
+    aborted = server.stats["aborted"]
+    servers.update(2, "/ckpt/2")  # aborts the held calls (vLLM's abort pause)
+    assert server.stats["aborted"] > aborted
+    server.release()
+    wait_for(lambda: all(int(v) == 3 for v in r.hvals(batcher.keys.cursor("train")))
+             and server.in_flight == 0, what="every admitted episode committed")
+    trajs = [t for b in batches for t in b.trajectories] + stream_messages(r, batcher.keys,
+                                                                           config)
+    assert len(trajs) == 8 * 3
+    by_seed: dict[int, list[dict[str, Any]]] = {}
+    for answer in list(server.answers):
+        by_seed.setdefault(answer["seed"], []).append(answer)
+    resumed = 0
+    for traj in trajs:
+        for t, step in enumerate(traj["steps"]):
+            calls = calls_of(step)
+            for call, seed in zip(calls, seeds_of(traj, t, len(calls)), strict=True):
+                answers = by_seed[seed]  # this call's requests: aborted ones, then the last
+                assert call["response_ids"].tolist() == [i for a in answers for i in a["ids"]]
+                assert call.get("resumed", 0) == len(answers) - 1
+                resumed += call.get("resumed", 0) > 0
+    assert resumed, "no call was resumed"
+    assert discarded() == lost
 
 
 def test_the_trainers_model_servers_are_the_agents(r: redis.Redis, run: str) -> None:

@@ -68,10 +68,19 @@ def test_resume_needs_token_in_token_out(tmp_path: Path) -> None:
     assert "\n" not in str(caught.value)
     base = {"rollout_batch_size": 8, "val_env_manager": None,
             "train_env_manager": {"num_env_groups": 2, "group_size": 4, "tags": ["FrozenLake"]}}
-    for policy in ({"type": "random"}, {"type": "python", "entrypoint": "x.y:z"}):
-        with pytest.raises(ConfigError, match="resume needs policy.tokenizer"):
+    llm = {"base_urls": URL, "model": "m"}
+    for policy, where in (({"type": "random"}, "policy.tokenizer"),
+                          ({"type": "python", "entrypoint": "x.y:z"}, "policy.llm.tokenizer"),
+                          ({"type": "python", "entrypoint": "x.y:z", "llm": llm},
+                           "policy.llm.tokenizer")):
+        with pytest.raises(ConfigError, match=f"resume needs {where} "):
             RolloutConfig.from_dict({**base, "policy": {
                 **policy, "partial_rollout": {"in_flight": "resume"}}})
+    # a python policy's agent calls resume with its llm's tokenizer (tests/test_agent_policy)
+    agent = RolloutConfig.from_dict({**base, "policy": {
+        "type": "python", "entrypoint": "x.y:z", "llm": {**llm, "tokenizer": "/t"},
+        "partial_rollout": {"in_flight": "resume"}}})
+    assert agent.policy.partial_rollout.in_flight == "resume"
     config = lake_config(URL, tokenizer="/some/tokenizer", partial_rollout={"in_flight": "resume"})
     policy = config.policy
     assert policy.partial_rollout.in_flight == "resume"

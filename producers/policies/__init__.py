@@ -40,5 +40,7 @@ def make_policy(config: PolicyConfig) -> Policy:
             return policy
         from producers.policies.agent import AgentPolicy  # its own agent loop (policy.llm)
 
-        return AgentPolicy(policy, config.llm)
+        # the block's partial_rollout rules the agent's calls as the openai policy's turns
+        return AgentPolicy(policy, config.llm.model_copy(
+            update={"partial_rollout": config.partial_rollout}))
     raise ValueError(f"policy.type {config.type!r} has no implementation")

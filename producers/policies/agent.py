@@ -38,8 +38,10 @@ for token.
   order.
 - **No half turn.** An `act` cut short (a pause, an abort) or failed records nothing, and the
   conversations' ids go back to where they were; a call the server aborted raises
-  `TurnAborted` (let it through: the producer calls `act` again). `llm.chat` outside an `act`
-  raises `RuntimeError`: the step would not record it.
+  `TurnAborted` (let it through: the producer calls `act` again), except with
+  `policy.partial_rollout.in_flight: resume` and token-in/token-out, where it is continued
+  from its ids as the openai policy's turns are (`OpenAIPolicy.sample`, one path for both).
+  `llm.chat` outside an `act` raises `RuntimeError`: the step would not record it.
 """
 
 from __future__ import annotations
@@ -52,7 +54,6 @@ from producers.llm.labels import label_version
 from producers.llm.routing import session_key
 from producers.llm.sampling import for_turn
 from producers.policies.protocol import PolicyContext, StepContext, Turn, start_policy
-from schemas.errors import TurnAborted
 from schemas.policy import AgentLLMConfig
 
 CALLS_KEY = "llm_calls"  # scratch: the calls of the `act` in flight, in call order
@@ -106,31 +107,15 @@ class LLM:
             state = dict(conversations.get(id(messages), {}))
             ids = tito.prompt_ids(host._template, state, messages, tools)
 
-        def body(cap: int | None) -> dict[str, Any]:
+        def request(prompt: list[int] | None, cap: int | None) -> dict[str, Any]:
             fields = {**sampled.fields(cap), **sampling}
-            if ids is not None:
-                return tito.request_body(config.model, ids, sampling=fields, seed=seed,
+            if prompt is not None:
+                return tito.request_body(config.model, prompt, sampling=fields, seed=seed,
                                          extra_body=extra_body)
             return host._chat.request_body(config.model, messages, sampling=fields,
                                            seed=seed, extra_body=extra_body)
 
-        answer = await host.pool.chat(body(None), min_version=min_version, session=session)
-        refit = sampled.refit(answer.data)  # ROLL's sequence_length (llm/sampling.py)
-        if refit is not None:
-            answer = await host.pool.chat(body(refit), min_version=min_version,
-                                          session=session)
-        if ids is not None:
-            turn = tito.turn_from_completion(answer.data, ids, host._template)
-        else:
-            turn = host._chat.turn_from_answer(answer.data)
-        url = answer.server.base_url
-        if turn.logprobs is None:
-            host._merged(url, answer.data)
-        if turn.finish_reason == "abort":  # SGLang, while it loads new weights
-            host._aborted(url)
-            raise TurnAborted(f"model server {url} aborted it",
-                              0 if turn.response_ids is None else len(turn.response_ids))
-        turn.server, turn.latency_s = url, answer.latency_s
+        turn, answer = await host.sample(request, ids, sampled, ctx, min_version, session)
         label_version(turn, answer, ctx.version, host._context is not None)
         messages.append({"role": "assistant", "content": turn.text})
         if ids is not None:  # the next call on this list extends these ids

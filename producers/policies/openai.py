@@ -43,6 +43,7 @@ import gc
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -68,6 +69,8 @@ _DEFAULT_PROMPT = AgentPrompt(DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPL
 # built without `build_env` (no tag)
 ABORT_WARN_S = 30.0  # a server that has aborted every turn this long is warned about
 SERVERS_POLL_S = 1.0  # `{RUN}:servers` is read at least this often (and on a version change)
+Request = Callable[[list[int] | None, int | None], dict[str, Any]]  # (prompt ids, max_tokens)
+# -> a request's body (`OpenAIPolicy.sample`)
 RESUME_WAIT_S = 0.2  # `in_flight: resume`: a continuation aborted with no new token waits
 # this long before the next (a server that aborts what comes while it loads)
 
@@ -197,27 +200,11 @@ class OpenAIPolicy:
                 ids = tito.prompt_ids(self._template, conversation, messages,
                                       None if tools is None else tools[1])
             prompt_ids[0] = ids
-            body = self._body(messages, ids, sampled.fields(), ctx, extra_body)
-            answer = await self.pool.chat(body, min_version=min_version, session=session)
-            refit = sampled.refit(answer.data)  # ROLL's sequence_length (llm/sampling.py)
-            if refit is not None:
-                body = self._body(messages, ids, sampled.fields(refit), ctx, extra_body)
-                answer = await self.pool.chat(body, min_version=min_version, session=session)
-            if ids is not None:
-                turn = tito.turn_from_completion(answer.data, ids, self._template)
-            else:
-                turn = chat.turn_from_answer(answer.data)
-            if turn.logprobs is None:
-                self._merged(answer.server.base_url, answer.data)
-            if turn.finish_reason == "abort":  # a weight update aborted it
-                self._aborted(answer.server.base_url)
-                if not (self._resumes and ids is not None and _resumable(turn)):
-                    raise TurnAborted(f"model server {answer.server.base_url} aborted it",
-                                      0 if turn.response_ids is None
-                                      else len(turn.response_ids))
-                turn, answer = await self._resume(turn, answer, ids, sampled, ctx, extra_body,
-                                                  min_version, session)
-            turn.server, turn.latency_s = answer.server.base_url, answer.latency_s
+
+            def request(prompt: list[int] | None, cap: int | None) -> dict[str, Any]:
+                return self._body(messages, prompt, sampled.fields(cap), ctx, extra_body)
+
+            turn, answer = await self.sample(request, ids, sampled, ctx, min_version, session)
             answered[:] = [answer]
             if tools is not None:  # a tool round is recorded as it is (model_calls)
                 label_version(turn, answer, ctx.version, self._context is not None)
@@ -247,8 +234,39 @@ class OpenAIPolicy:
         action = parse(turn.text) if parse is not None else None
         return (-1 if action is None else action), turn
 
+    async def sample(self, request: Request, ids: list[int] | None, sampled: Any,
+                     ctx: StepContext, min_version: int | None, session: str
+                     ) -> tuple[Turn, Any]:
+        """One reply, as a `Turn` and the pool's answer: `request(prompt_ids, max_tokens)`
+        builds its body (`ids` None: a chat request; `max_tokens` None: the sampling's own
+        cap). Asked again with a smaller cap when ROLL's `sequence_length` says so; a turn
+        the server aborted is resumed from its ids (`in_flight: resume`, token-in/token-out),
+        else raised as `TurnAborted`. The policy's turns and its tool rounds, and the calls
+        of an agent's `context.llm` (`producers.policies.agent`), all go through here."""
+        answer = await self.pool.chat(request(ids, None), min_version=min_version,
+                                      session=session)
+        refit = sampled.refit(answer.data)  # ROLL's sequence_length (llm/sampling.py)
+        if refit is not None:
+            answer = await self.pool.chat(request(ids, refit), min_version=min_version,
+                                          session=session)
+        if ids is not None:
+            turn = self._tito.turn_from_completion(answer.data, ids, self._template)
+        else:
+            turn = self._chat.turn_from_answer(answer.data)
+        if turn.logprobs is None:
+            self._merged(answer.server.base_url, answer.data)
+        if turn.finish_reason == "abort":  # a weight update aborted it
+            self._aborted(answer.server.base_url)
+            if not (self._resumes and ids is not None and _resumable(turn)):
+                raise TurnAborted(f"model server {answer.server.base_url} aborted it",
+                                  0 if turn.response_ids is None else len(turn.response_ids))
+            turn, answer = await self._resume(turn, answer, ids, sampled, ctx, request,
+                                              min_version, session)
+        turn.server, turn.latency_s = answer.server.base_url, answer.latency_s
+        return turn, answer
+
     async def _resume(self, turn: Turn, answer: Any, ids: list[int], sampled: Any,
-                      ctx: StepContext, extra_body: dict[str, Any], min_version: int | None,
+                      ctx: StepContext, request: Request, min_version: int | None,
                       session: str) -> tuple[Turn, Any]:
         """`in_flight: resume`: continue the turn the server aborted from the ids its answer
         carried (`producers.llm.tito.Resumed`) until an answer finishes it; the whole turn
@@ -264,14 +282,12 @@ class OpenAIPolicy:
                     last = Turn(text="", response_ids=[], logprobs=[], finish_reason="length")
                     return resumed.finish(last, *_fallback_version(answer, ctx)), answer
                 prompt = resumed.next_prompt()
-                fields = sampled.fields(left)
-                answer = await self.pool.chat(self._body([], prompt, fields, ctx, extra_body),
-                                              min_version=min_version, session=session)
+                answer = await self.pool.chat(request(prompt, left), min_version=min_version,
+                                              session=session)
                 refit = sampled.refit(answer.data)
                 if refit is not None:
-                    answer = await self.pool.chat(
-                        self._body([], prompt, sampled.fields(min(refit, left)), ctx,
-                                   extra_body), min_version=min_version, session=session)
+                    answer = await self.pool.chat(request(prompt, min(refit, left)),
+                                                  min_version=min_version, session=session)
                 piece = self._tito.turn_from_completion(answer.data, prompt, self._template)
                 if piece.finish_reason != "abort":
                     return resumed.finish(piece, *_fallback_version(answer, ctx)), answer
