@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from schemas.errors import RedisSetupError
 
@@ -120,7 +122,10 @@ class EmbeddedRedis:
     def _wait_ready(self) -> None:
         assert self.process is not None
         deadline = time.monotonic() + self.start_timeout_s
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+        # asked once per round: redis-py's default client retries a refused connection with
+        # backoff (~4 s), longer than this loop's own 20 ms rounds
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=1,
+                                      retry=Retry(NoBackoff(), 0))
         try:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:

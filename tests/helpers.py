@@ -21,6 +21,8 @@ from typing import Any
 
 import gymnasium as gym
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from producers.producer import Producer
 from schemas.codec import ENTRY_FIELD, decode_trajectory, encode_trajectory, traj_ids
@@ -143,7 +145,8 @@ def password_redis(folder: Path, password: str, *, appendonly: bool = False) -> 
         proc = subprocess.Popen([find_redis_server(), "--port", str(port), "--bind",
                                  "127.0.0.1", "--requirepass", password, *aof, "--save", "",
                                  "--dir", str(folder)], stdout=log, stderr=subprocess.STDOUT)
-        client = redis.Redis(port=port, password=password)
+        client = redis.Redis(port=port, password=password,  # asked again by wait_for
+                             retry=Retry(NoBackoff(), 0))
         try:
             wait_for(functools.partial(_started, proc, client), timeout_s=10,
                      what="redis-server")

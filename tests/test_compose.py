@@ -15,6 +15,8 @@ import pytest
 import redis
 import yaml
 from helpers import password_redis, wait_for
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "compose.yaml"
@@ -70,11 +72,14 @@ def password_redis_port(tmp_path):
     """A redis-server like compose's: TCP, a password, AOF with an fsync per write."""
     with password_redis(tmp_path, PASSWORD, appendonly=True) as port:
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=port).ping()  # the password is really required
+            # the password is really required (asked once: redis-py's default client
+            # retries a refused AUTH with backoff, ~4 s)
+            redis.Redis(port=port, retry=Retry(NoBackoff(), 0)).ping()
         yield port
 
 
 PASSWORD = "s3:c/r@t#pw"  # characters a URL would need escaped
+NO_TRAIN_TIME = ("--train-step-s", "0")  # after the service's own 0.5 s: the last one wins
 
 
 def service_env(name: str, port: int, **extra: str) -> dict[str, str]:
@@ -106,17 +111,21 @@ def test_services_run_as_local_processes(password_redis_port):
     producer = subprocess.Popen(service_cmd("producer"), cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        trainer = subprocess.run([*service_cmd("trainer"), "--steps", "3"], cwd=ROOT, env=env,
+        # the service's command with tiny budgets: 3 steps, no stand-in training time
+        trainer = subprocess.run([*service_cmd("trainer"), "--steps", "3", *NO_TRAIN_TIME],
+                                 cwd=ROOT, env=env,
                                  capture_output=True, text=True, timeout=120)
         assert trainer.returncode == 0, trainer.stderr
         assert len([x for x in trainer.stdout.splitlines() if x.startswith("step")]) == 3
         r.sadd("{exp1}:pause", "operator")  # the trainer times out: exit 1, nothing stopped
-        timed_out = subprocess.run([*service_cmd("trainer"), "--timeout-s", "1"], cwd=ROOT,
+        timed_out = subprocess.run([*service_cmd("trainer"), "--timeout-s", "1",
+                                    *NO_TRAIN_TIME], cwd=ROOT,
                                    env=env, capture_output=True, text=True, timeout=120)
         assert timed_out.returncode == 1 and "BatchTimeout" in timed_out.stderr
         assert producer.poll() is None and not r.exists("{exp1}:stop")
         r.srem("{exp1}:pause", "operator")
-        again = subprocess.run([*service_cmd("trainer"), "--steps", "2"], cwd=ROOT, env=env,
+        again = subprocess.run([*service_cmd("trainer"), "--steps", "2", *NO_TRAIN_TIME],
+                               cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stderr
         assert "live producer(s) on this host" in subprocess.run(
