@@ -427,7 +427,7 @@ def test_prometheus_scrapes_a_live_run(r, run, producer_thread, tmp_path):
     trainer = batcher.serve_metrics(0, "127.0.0.1")
     web = free_port()
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s"},
+        "global": {"scrape_interval": "250ms"},  # two scrapes show a counter move
         "scrape_configs": [
             {"job_name": "rollstream-producer",
              "static_configs": [{"targets": [f"127.0.0.1:{page.port}"]}]},
