@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from helpers import BROKEN_ENV_ID, ROOT, small_config
+from helpers import BROKEN_ENV_ID, ROOT, run_cli_here, small_config
 from helpers import run_cli as cli
 
 from consumer import Batcher
@@ -34,7 +34,7 @@ def test_pause_resume_and_status(r, run, redis_url):
 
 
 def test_config_check_prints_the_layout(tmp_path):
-    out = cli("config", "check", "configs/frozenlake_async.yaml")
+    out = run_cli_here("config", "check", "configs/frozenlake_async.yaml")
     assert out.returncode == 0, out.stderr
     assert "async, ratio 1, train batch 128" in out.stdout
     assert "train: 128 envs, 16 groups of 8, 4 shards" in out.stdout
@@ -93,7 +93,7 @@ def test_bad_env_settings_fail_config_check_naming_the_tag(tmp_path):
     path = tmp_path / "bad_env.yaml"
     path.write_text(yaml.safe_dump({**BAD_ENV, "train_env_manager": {
         "max_env_num_per_worker": 4, "num_env_groups": 2, "group_size": 2, "tags": ["Big"]}}))
-    out = cli("config", "check", str(path))
+    out = run_cli_here("config", "check", str(path))
     assert out.returncode == 2
     assert "custom_envs.Big: cannot make env type 'sokoban'" in out.stderr
     assert "no room for 5 boxes" in out.stderr

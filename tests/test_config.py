@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import run_cli
+from helpers import run_cli, run_cli_here
 
 from schemas.config import RolloutConfig, resolve_redis_url, resolve_run
 from schemas.errors import ConfigError
@@ -174,7 +174,7 @@ def test_a_typo_in_the_cli_is_exit_2_with_one_line(tmp_path):
     path = tmp_path / "typo.yaml"
     path.write_text("rollout_batch_sise: 16\ntrain_env_manager:\n  max_env_num_per_worker: 4\n"
                     "  num_env_groups: 4\n  group_size: 2\n  tags: [FrozenLake]\n")
-    out = run_cli("config", "check", str(path))
+    out = run_cli_here("config", "check", str(path))
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.strip() == (f"rollstream: error: {path}: unknown config key "
                                   "rollout_batch_sise (did you mean rollout_batch_size?)")
@@ -262,7 +262,7 @@ def test_redis_url_and_run_fall_back_to_the_config(monkeypatch):
 
 
 def test_cli_config_check_json_prints_the_exact_layout():
-    out = run_cli("config", "check", str(SEED), "--json")
+    out = run_cli_here("config", "check", str(SEED), "--json")
     assert out.returncode == 0, out.stderr
     layout = json.loads(out.stdout)
     assert layout["train"] == {"envs": 1024, "groups": 128, "shards": 64, "group_size": 8,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import run_cli, small_config
+from helpers import run_cli_here, small_config
 
 from producers.envs import build_env, env_kwargs, is_text_env, make_env
 from producers.envs.roll_tasks import GEM_ID, is_gem_type
@@ -66,12 +66,12 @@ def test_a_tag_builds_a_text_env_with_the_tags_step_budget() -> None:
 def test_config_check_passes_and_refuses_as_a_user_would_see(tmp_path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(rg_data()))
-    out = run_cli("config", "check", str(good))
+    out = run_cli_here("config", "check", str(good))
     assert out.returncode == 0, out.stderr
     bad = tmp_path / "bad.yaml"
     data = rg_data(task="rg:leter_counting")
     bad.write_text(yaml.safe_dump(data))
-    out = run_cli("config", "check", str(bad))
+    out = run_cli_here("config", "check", str(bad))
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert "custom_envs.Letters" in out.stderr and "did you mean rg:letter_counting" in out.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import yaml
-from helpers import run_cli, small_config
+from helpers import run_cli, run_cli_here, small_config
 
 from consumer import Batcher
 from producers.envs import build_env, env_kwargs, make_env
@@ -152,7 +152,7 @@ def test_a_broken_roll_file_fails_check_with_exit_2_and_the_key_named(roll_copy,
     text = roll_copy.read_text(encoding="utf-8")
     assert old in text
     roll_copy.write_text(text.replace(old, new), encoding="utf-8")
-    out = run_cli("config", "check", str(roll_copy))
+    out = run_cli_here("config", "check", str(roll_copy))
     assert out.returncode == 2, out.stdout + out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], out.stderr
@@ -161,7 +161,7 @@ def test_a_broken_roll_file_fails_check_with_exit_2_and_the_key_named(roll_copy,
 
 # -- the command line -----------------------------------------------------------------------
 def test_config_check_prints_the_layout_of_the_roll_file():
-    out = run_cli("config", "check", FIXTURE)
+    out = run_cli_here("config", "check", FIXTURE)
     assert out.returncode == 0, out.stderr
     assert f"{FIXTURE}: ok (async, ratio 1, train batch 1024" in out.stdout
     assert "train: 1024 envs, 128 groups of 8, 64 shards" in out.stdout
@@ -171,7 +171,7 @@ def test_config_check_prints_the_layout_of_the_roll_file():
 
 
 def test_config_show_round_trips_to_an_equal_plain_config(tmp_path):
-    out = run_cli("config", "show", FIXTURE)
+    out = run_cli_here("config", "show", FIXTURE)
     assert out.returncode == 0, out.stderr
     assert "${" not in out.stdout and "defaults" not in out.stdout
     assert "deepspeed_zero" not in out.stdout and "actor_train" not in out.stdout

@@ -16,7 +16,15 @@ import pytest
 import redis
 import tomllib
 import yaml
-from helpers import ROOT, clean_env, free_port, password_redis, small_config, wait_for
+from helpers import (
+    ROOT,
+    clean_env,
+    free_port,
+    password_redis,
+    run_cli_here,
+    small_config,
+    wait_for,
+)
 from helpers import run_cli as cli
 
 from consumer import Batcher
@@ -159,7 +167,7 @@ def test_no_redis_server_anywhere_says_what_to_install():
 def test_bad_files_get_one_line(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
-    out = cli("config", "check", str(path))
+    out = run_cli_here("config", "check", str(path))
     assert out.returncode == 2
     assert message in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
@@ -278,7 +286,7 @@ def test_a_password_in_the_query_is_masked_where_the_url_is_refused(url, tmp_pat
     data["redis_url"] = url
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    shown = cli("config", "show", str(path))
+    shown = run_cli_here("config", "show", str(path))
     assert shown.returncode == 0, shown.stderr
     assert "redis_url:" in shown.stdout and "s3cretX" not in shown.stdout + shown.stderr
 
@@ -384,7 +392,7 @@ def test_a_bad_run_name_in_a_config_fails_its_check(tmp_path):
     path.write_text(yaml.safe_dump({"run": "bad run", "train_env_manager": {
         "max_env_num_per_worker": 8, "num_env_groups": 4, "group_size": 4,
         "tags": ["FrozenLake"]}}))
-    out = cli("config", "check", str(path))
+    out = run_cli_here("config", "check", str(path))
     assert out.returncode == 2 and "run: 'bad run': a run name must be" in out.stderr, out.stderr
 
 
@@ -416,13 +424,13 @@ def test_a_config_of_a_billion_groups_is_refused_before_anything_is_built(tmp_pa
     path.write_text(yaml.safe_dump({"train_env_manager": {
         "max_env_num_per_worker": 32, "num_env_groups": 1_000_000_000, "group_size": 8,
         "tags": ["FrozenLake"]}}))
-    out = cli("config", "check", str(path))
+    out = run_cli_here("config", "check", str(path))
     assert out.returncode == 2, out.stderr
     assert "num_env_groups 1,000,000,000 is more than 65,536" in out.stderr, out.stderr
     path.write_text(yaml.safe_dump({"train_env_manager": {
         "max_env_num_per_worker": 32, "num_env_groups": 65_536, "group_size": 32,
         "tags": ["FrozenLake"]}}))
-    out = cli("config", "check", str(path))
+    out = run_cli_here("config", "check", str(path))
     assert out.returncode == 2 and "2,097,152 envs" in out.stderr, out.stderr
 
 
