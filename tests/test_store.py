@@ -18,7 +18,7 @@ import redis
 
 pytest.importorskip("pyarrow")
 
-from helpers import ROOT, run_cli, small_config  # noqa: E402
+from helpers import ROOT, run_cli, run_cli_here, small_config  # noqa: E402
 from llm_helpers import fake_llm_factory  # noqa: E402
 
 from consumer import Batcher  # noqa: E402
@@ -172,10 +172,10 @@ def test_export_and_replay_refuse_what_is_not_a_store(tmp_path):
                        (("export", str(empty)), "no batch files"),
                        (("export", str(text)), "not Parquet"),
                        (("replay", str(other)), "not a rollstream batch file")):
-        out = run_cli(*args)
+        out = run_cli_here(*args)
         assert out.returncode == 2, (args, out.stderr)
         assert says in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    bad = run_cli("train", "--config", "x.yaml", "--record", str(text))
+    bad = run_cli_here("train", "--config", "x.yaml", "--record", str(text))
     assert bad.returncode == 2
 
 

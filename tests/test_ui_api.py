@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import ROOT, clean_env, free_port, run_cli, small_config, wait_for
+from helpers import ROOT, clean_env, free_port, run_cli_here, small_config, wait_for
 from llm_helpers import MODEL, fake_llm_factory
 
 from consumer import Batcher
@@ -355,7 +355,7 @@ def test_bad_input_is_one_line(r: redis.Redis, run: str, redis_url: str) -> None
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = run_cli("ui", "--run", run, "--port", str(port), env=env, timeout=60)
+        done = run_cli_here("ui", "--run", run, "--port", str(port), env=env)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
         f"rollstream: error: --port {port}: cannot listen on 127.0.0.1:{port} (Address already "
@@ -365,18 +365,17 @@ def test_bad_input_is_one_line(r: redis.Redis, run: str, redis_url: str) -> None
         (("ui", "--run", run, "--host", "no.such.host.invalid", "--port", "0"), 2, "--host"),
     ]
     for args, code, text in cases:
-        done = run_cli(*args, env=env, timeout=60)
+        done = run_cli_here(*args, env=env)
         assert done.returncode == code and text in done.stderr, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
-    done = run_cli("ui", "--run", run, "--port", "70000", env=env, timeout=60)  # argparse's
+    done = run_cli_here("ui", "--run", run, "--port", "70000", env=env)  # argparse's
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == \
         "rollstream ui: error: argument --port: '70000' must be a port in 0..65535"
     dead = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"
-    done = run_cli("ui", "--run", run, env={**clean_env(), "ROLLSTREAM_REDIS_URL": dead},
-                   timeout=60)
+    done = run_cli_here("ui", "--run", run, env={**clean_env(), "ROLLSTREAM_REDIS_URL": dead})
     assert done.returncode == 1 and "cannot reach Redis" in done.stderr
     assert PASSWORD not in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    done = run_cli("ui", "--run", run, "--redis-url", "http://nope", timeout=60)
+    done = run_cli_here("ui", "--run", run, "--redis-url", "http://nope")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
 
 
