@@ -279,7 +279,7 @@ def test_a_password_in_the_query_is_masked_where_the_url_is_refused(url, tmp_pat
     """redis-py takes `?password=`; rollstream refuses it (the user part or
     ROLLSTREAM_REDIS_PASSWORD), and neither the refusal nor `config show` may print it."""
     assert "s3cretX" not in mask_url(url) and "=***" in mask_url(url)
-    out = cli("status", "--redis-url", url, "--run", "x")
+    out = run_cli_here("status", "--redis-url", url, "--run", "x")
     assert out.returncode == 2 and "bad Redis URL" in out.stderr, out.stderr
     assert "s3cretX" not in out.stderr, out.stderr
     data = json.loads(small_config().to_json())
@@ -295,7 +295,7 @@ def test_a_raw_slash_in_the_password_is_masked_and_refused():
     for url in ("redis://:ab/s3cretX@127.0.0.1:1/0", "redis://user:ab/s3cretX@127.0.0.1:1/0",
                 "redis+sentinel://:ab/s3cretX@127.0.0.1:1/svc"):
         assert "s3cret" not in mask_url(url) and "ab/" not in mask_url(url)
-        out = cli("status", "--redis-url", url, "--run", "x")
+        out = run_cli_here("status", "--redis-url", url, "--run", "x")
         assert out.returncode == 2, out.stderr
         assert "user part holds a raw '/'" in out.stderr and "%2F" in out.stderr
         assert "s3cret" not in out.stderr and "'ab'" not in out.stderr, out.stderr
@@ -310,7 +310,7 @@ def test_a_raw_slash_in_the_password_is_masked_and_refused():
     ("redis://127.0.0.1:6379/0/extra", "the path must be a database number, not '0/extra'"),
 ])
 def test_a_server_url_names_its_host_and_at_most_a_db(url, message):
-    out = cli("status", "--redis-url", url, "--run", "x")
+    out = run_cli_here("status", "--redis-url", url, "--run", "x")
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
 
