@@ -284,7 +284,8 @@ def test_the_start_check_waits_for_servers_that_are_down(fake_llm) -> None:
 
 @pytest.mark.slow
 def test_a_thousand_requests_in_flight_without_threads(fake_llm) -> None:
-    server = fake_llm(latency_s=1.5)
+    server = fake_llm(latency_s=0.01)
+    server.hold()  # every request waits in the server until released: all in flight at once
 
     async def scenario(pool: ServerPool) -> int:
         threads = set(threading.enumerate())
@@ -294,6 +295,7 @@ def test_a_thousand_requests_in_flight_without_threads(fake_llm) -> None:
             assert not any(t.done() and t.exception() for t in tasks)
         assert not set(threading.enumerate()) - threads  # none started (others may end)
         assert pool.inflight == 1024  # max_inflight: the rest wait for a slot
+        server.release()
         await asyncio.gather(*tasks)
         return server.stats["completed"]
 
