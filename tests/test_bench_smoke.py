@@ -60,7 +60,8 @@ def test_bench_scale_prints_each_part():
 
 
 def test_bench_valmix_prints_each_tag_and_the_round():
-    out = bench("bench/bench_valmix.py", "--seconds", "0.3", "--rounds", "1", "--producers", "1")
+    out = bench("bench/bench_valmix.py", "--seconds", "0", "--rounds", "1", "--warmup-rounds", "0",
+                "--producers", "1")
     for tag in ("SimpleSokoban", "LargerSokoban", "SokobanDifferentGridVocab", "FrozenLake"):
         assert f"| {tag} |" in out, out
     assert "pipeline / plain:" in out, out
