@@ -102,7 +102,7 @@ def test_bench_openenv_prints_cpu_per_remote_step_and_many_envs():
     if importlib.util.find_spec("openenv") is None:
         pytest.skip("needs openenv-core (the openenv-server extra)")
     out = bench("bench/bench_openenv.py", "--servers", "1", "--envs", "20", "--few", "4",
-                "--seconds", "0.5")
+                "--seconds", "0", "--warmup-seconds", "0", "--local-seconds", "0")
     assert "us per remote step" in out and "remote/local" in out, out
     assert "20 remote envs on one producer" in out and "sessions open" in out, out
 
