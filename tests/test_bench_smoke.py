@@ -54,7 +54,7 @@ def test_bench_handoff_prints_percentiles():
 
 
 def test_bench_scale_prints_each_part():
-    out = bench("bench/bench_scale.py", "--seconds", "1", "--counts", "1", "--envs", "256",
+    out = bench("bench/bench_scale.py", "--seconds", "0", "--counts", "1", "--envs", "256",
                 "--big-envs", "256", "--latency-s", "0.005")
     assert "1 producer(s)" in out and "event-loop lag" in out and "bytes" in out, out
 
