@@ -49,7 +49,8 @@ def test_bench_pipeline_compares_recording():
 
 
 def test_bench_handoff_prints_percentiles():
-    out = bench("bench/bench_handoff.py", "--batches", "2", "--producers", "1")
+    out = bench("bench/bench_handoff.py", "--batches", "1", "--warmup-batches", "0",
+                "--producers", "1")
     assert "hand-off, batch 1024" in out and "p99" in out, out
 
 
@@ -84,7 +85,8 @@ def test_bench_replicas_prints_both_settings():
 
 
 def test_bench_costs_prints_each_part():
-    out = bench("bench/bench_costs.py", "--rounds", "1", "--seconds", "1", "--episodes", "50")
+    out = bench("bench/bench_costs.py", "--rounds", "1", "--seconds", "1", "--episodes", "50",
+                "--trainer-batches", "1")
     for part in ("episode code:", "producer alone:", "trainer alone:", "decode:",
                  "parts alone:"):
         assert part in out, out
