@@ -116,7 +116,7 @@ def test_bench_tools_prints_cpu_per_call_and_sandbox_start_cost():
 
 def test_bench_partial_prints_the_discarded_tokens_ratios():
     out = bench("bench/bench_partial.py", "--steps", "1", "--groups", "2", "--latency-s",
-                "0.005", "--load-time-s", "0.02")
+                "0.005", "--load-time-s", "0.02", "--parallel")
     for arm in ("keep", "abort", "resume"):
         assert f"| async, token-in/token-out, in_flight {arm} |" in out, out
     assert "keep / abort:" in out and "resume / abort:" in out, out
