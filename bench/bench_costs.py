@@ -291,12 +291,12 @@ def trainer_alone(url: str, config: RolloutConfig, filled: list[tuple[int, bytes
         client.close()
 
 
-def part_trainer(url: str, rounds: int) -> tuple[list[tuple[int, bytes]], float]:
+def part_trainer(url: str, rounds: int, batches: int) -> tuple[list[tuple[int, bytes]], float]:
     """Prints the median; returns the messages it filled the streams with and the median
     (us per trajectory)."""
     config = seed_config(ratio=4)  # nothing filled beforehand goes stale
-    filled = messages(config, batches=3)
-    runs = [trainer_alone(url, config, filled, batches=3) * 1e6 for _ in range(rounds)]
+    filled = messages(config, batches=batches)
+    runs = [trainer_alone(url, config, filled, batches=batches) * 1e6 for _ in range(rounds)]
     print(f"trainer alone: CPU {median_us(runs)} per trajectory (batches of 1024: get_batch, "
           "ack, publish_version)", flush=True)
     return filled, statistics.median(runs)
@@ -344,6 +344,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=5.0, help="per producer-alone round")
     parser.add_argument("--episodes", type=int, default=3000, help="per episode-code round")
+    parser.add_argument("--trainer-batches", type=int, default=3,
+                        help="batches of 1024 per trainer-alone round")
     parser.add_argument("--redis-url", default=None, help="default: an embedded server")
     parser.add_argument("--samples", action="store_true",
                         help="only: the producer with the sample stream on and off")
@@ -356,7 +358,7 @@ def main() -> None:
     with EmbeddedRedis() if args.redis_url is None else nullcontext() as server:
         url = args.redis_url or server.url
         producer, server_us = part_producer(url, args.rounds, args.seconds)
-        filled, trainer = part_trainer(url, args.rounds)
+        filled, trainer = part_trainer(url, args.rounds, args.trainer_batches)
     part_decode(filled, args.rounds)
     part_cap(bare, producer, server_us, trainer)
 

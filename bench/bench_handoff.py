@@ -42,6 +42,8 @@ def handoff_ms(client: redis.Redis, batch) -> float:  # type: ignore[no-untyped-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--warmup-batches", type=int, default=2,
+                        help="batches first, not counted (they include the producers' start)")
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--ratio", type=int, default=0, help="async_generation_ratio")
     parser.add_argument("--redis-url", default=None, help="default: an embedded server")
@@ -59,9 +61,9 @@ def main() -> None:
         procs = start_producers(url, run, args.producers, "WARNING")
         figures: list[float] = []
         try:
-            for step in range(args.batches + 2):
+            for step in range(args.warmup_batches + args.batches):
                 batch = batcher.get_batch("train", timeout_s=120)
-                if step >= 2:  # the first batches include the producers' start
+                if step >= args.warmup_batches:
                     figures.append(handoff_ms(client, batch))
                 batcher.ack(batch)
                 batcher.publish_version()

@@ -97,7 +97,7 @@ def pipeline(args: argparse.Namespace, url: str) -> None:
         cpu0 = (cpu_s(producer.pid), cpu_s(server.pid), time.process_time())
         started = time.perf_counter()
         trajs = 0
-        while time.perf_counter() - started < args.seconds:
+        while trajs == 0 or time.perf_counter() - started < args.seconds:  # >= 1 batch
             batch = batcher.get_batch("train", timeout_s=300)
             trajs += len(batch)
             batcher.ack(batch)
@@ -203,7 +203,8 @@ def compare_clients(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="time measured (at least one batch)")
     parser.add_argument("--latency-s", type=float, default=1.0,
                         help="median latency of the stand-in server")
     parser.add_argument("--latency-sigma", type=float, default=0.5)

@@ -38,8 +38,8 @@ from schemas.envspec import DEFAULT_CUSTOM_ENVS, FROZENLAKE_ID  # noqa: E402
 
 
 async def play(envs: list[OpenEnvEnv], seconds: float) -> tuple[int, float, float, int]:
-    """Every env plays episodes back to back for `seconds`: (steps, wall s, CPU s, peak of
-    sessions open at once)."""
+    """Every env plays episodes back to back for `seconds`, at least one each: (steps, wall s,
+    CPU s, peak of sessions open at once)."""
     steps = 0
     open_now = peak = 0
     stop_at = time.perf_counter() + seconds
@@ -47,7 +47,7 @@ async def play(envs: list[OpenEnvEnv], seconds: float) -> tuple[int, float, floa
     async def loop(i: int, env: OpenEnvEnv) -> None:
         nonlocal steps, open_now, peak
         k = 0
-        while time.perf_counter() < stop_at:
+        while k == 0 or time.perf_counter() < stop_at:
             await env.areset(seed=i * 1_000_003 + k)
             open_now += 1
             peak = max(peak, open_now)
@@ -65,13 +65,13 @@ async def play(envs: list[OpenEnvEnv], seconds: float) -> tuple[int, float, floa
 
 
 def local_cpu_per_step(seconds: float) -> float:
-    """CPU seconds per step of a local FrozenLake env (random actions)."""
+    """CPU seconds per step of a local FrozenLake env (random actions), at least 1000."""
     env = make_env(FROZENLAKE_ID, DEFAULT_CUSTOM_ENVS["FrozenLake"]["env_config"])
     env.reset(seed=0)
     steps, episodes = 0, 0
     cpu = time.process_time()
     stop_at = time.perf_counter() + seconds
-    while time.perf_counter() < stop_at:
+    while steps == 0 or time.perf_counter() < stop_at:
         for _ in range(1000):
             _, _, terminated, truncated, _ = env.step(steps & 3)
             steps += 1
@@ -83,12 +83,12 @@ def local_cpu_per_step(seconds: float) -> float:
 
 async def run(urls: list[str], per_server: int, args: argparse.Namespace) -> None:
     few = [OpenEnvEnv(base_urls=urls, max_sessions=per_server) for _ in range(args.few)]
-    await play(few[:1], 0.5)  # warm: the schema read, connections
+    await play(few[:1], args.warmup_seconds)  # warm: the schema read, connections
     steps, wall, cpu, _ = await play(few, args.seconds)
     for env in few:
         env.close()
     remote_us = cpu / steps * 1e6
-    local_us = local_cpu_per_step(1.0) * 1e6
+    local_us = local_cpu_per_step(args.local_seconds) * 1e6
     print(f"{args.few} remote envs: {steps / wall:,.0f} steps/s, producer CPU "
           f"{remote_us:.0f} us per remote step; a local FrozenLake step {local_us:.1f} us "
           f"(remote/local {remote_us / local_us:,.0f}x)")
@@ -106,7 +106,12 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--envs", type=int, default=1000)
     parser.add_argument("--few", type=int, default=16)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=5.0,
+                        help="each remote part's time (at least an episode per env)")
+    parser.add_argument("--warmup-seconds", type=float, default=0.5,
+                        help="one env plays first, untimed (at least an episode)")
+    parser.add_argument("--local-seconds", type=float, default=1.0,
+                        help="the local FrozenLake loop's time (at least 1000 steps)")
     args = parser.parse_args()
     per_server = -(-args.envs // args.servers)
     servers = [EnvServer(free_port(), per_server) for _ in range(args.servers)]

@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,9 @@ def main() -> None:
     parser.add_argument("--load-time-s", type=float, default=0.2,
                         help="the stand-in's weight load")
     parser.add_argument("--redis-url", default=None, help="default: an embedded Redis")
+    parser.add_argument("--parallel", action="store_true",
+                        help="run the five at once (the tests: every line, in less time; the "
+                             "figures then share the machine)")
     args = parser.parse_args()
     if args.steps < 1 or args.groups < 2:
         parser.error("--steps must be >= 1 and --groups >= 2")
@@ -202,13 +206,19 @@ def main() -> None:
             tempfile.TemporaryDirectory() as tokenizer:
         url = redis_at.url
         tiny_model().generate(Path(tokenizer), seed=0)
-        keep, abort, resume = (one_run(args, url, ratio=1, batch_envs=envs, tokenizer=tokenizer,
-                                       partial={"in_flight": how})
-                               for how in ("keep", "abort", "resume"))
         half = envs // 2
-        on_policy = one_run(args, url, ratio=0, batch_envs=half, partial={})
-        carry = one_run(args, url, ratio=0, batch_envs=half,
-                        partial={"sync_carry_over": True})
+        arms: list[dict[str, Any]] = [
+            *({"ratio": 1, "batch_envs": envs, "tokenizer": tokenizer,
+               "partial": {"in_flight": how}} for how in ("keep", "abort", "resume")),
+            {"ratio": 0, "batch_envs": half, "partial": {}},
+            {"ratio": 0, "batch_envs": half, "partial": {"sync_carry_over": True}},
+        ]
+        if args.parallel:
+            with ThreadPoolExecutor(len(arms)) as pool:
+                results = list(pool.map(lambda arm: one_run(args, url, **arm), arms))
+        else:
+            results = [one_run(args, url, **arm) for arm in arms]
+        keep, abort, resume, on_policy, carry = results
     print(f"{args.groups * 4} envs, {args.steps} publishes, server latency {args.latency_s}s, "
           f"load {args.load_time_s}s")
     print("| run | tokens sampled | handed out | left in streams | discarded | discarded | "

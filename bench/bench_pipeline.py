@@ -82,12 +82,13 @@ def block_order(i: int, first_k: int = 0) -> tuple[int, int, int]:
 
 def plain_env_loop(config: RolloutConfig, seconds: float) -> tuple[float, float]:
     """Bare gymnasium loop over the block: reset with the episode seed, random actions (each
-    member its own, as the random policy draws them), step to the end."""
+    member its own, as the random policy draws them), step to the end. At least one
+    trajectory, however short `seconds`."""
     spec = config.env_spec("FrozenLake")
     env = make_env(spec.env_id, spec.env_config)
     trajs = steps = 0
     started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
+    while trajs == 0 or time.perf_counter() - started < seconds:
         group, k, member = block_order(trajs)
         # derived once per group episode (`episode_seed` caches it), as in the producers
         seed = episode_seed(config.seed, "train", group, k)
@@ -104,7 +105,8 @@ def plain_env_loop(config: RolloutConfig, seconds: float) -> tuple[float, float]
 
 
 def plain_rollout_loop(config: RolloutConfig, seconds: float) -> tuple[float, float]:
-    """The producers' episode code (trajectory messages built), in one process, no queue."""
+    """The producers' episode code (trajectory messages built), in one process, no queue; at
+    least one trajectory."""
     spec = config.env_spec("FrozenLake")
     slot = EnvSlot(mode="train", env_id=0, group_id=0, member=0, shard=0, tag="FrozenLake",
                    env=make_env(spec.env_id, spec.env_config))
@@ -114,7 +116,7 @@ def plain_rollout_loop(config: RolloutConfig, seconds: float) -> tuple[float, fl
     async def loop() -> tuple[int, int]:
         trajs = steps = 0
         started = time.perf_counter()
-        while time.perf_counter() - started < seconds:
+        while trajs == 0 or time.perf_counter() - started < seconds:
             slot.group_id, slot.k, slot.member = block_order(trajs)
             traj = await play_episode(slot, seed=config.seed, producer_id="plain", policy=policy,
                                       control=control, gate=_open_gate)
@@ -238,8 +240,9 @@ def pipeline(config: RolloutConfig, url: str, producers: int, seconds: float,
 def _measure(client: redis.Redis, batcher: Batcher, config: RolloutConfig, run: str,
              procs: list, seconds: float, warmup_batches: int, producers: int,
              scraper: Scraper | None) -> dict[str, float]:
-    """Once the producers share the shards: trajectories/s, waits, latency, memory, CPU;
-    the scraper (if any) runs through the measured time."""
+    """Once the producers share the shards: trajectories/s, waits, latency, memory, CPU over
+    `seconds` and at least one batch (`--seconds 0`: exactly one, what the tests run); the
+    scraper (if any) runs through the measured time."""
     wait_balanced(client, config, run, producers)
     for _ in range(warmup_batches):
         batch = batcher.get_batch("train", timeout_s=120)
@@ -252,7 +255,7 @@ def _measure(client: redis.Redis, batcher: Batcher, config: RolloutConfig, run: 
     cpu0 = ([cpu_s(p.pid) for p in procs], time.process_time(), redis_cpu_s(client))
     started = time.perf_counter()
     with scraper or nullcontext():
-        while time.perf_counter() - started < seconds:
+        while batches == 0 or time.perf_counter() - started < seconds:
             batch = batcher.get_batch("train", timeout_s=120)
             now = time.time()
             waits.append(batch.metrics["time/get_batch_cost"])
@@ -423,7 +426,9 @@ def one_round(config: RolloutConfig, args: argparse.Namespace, url: str) -> floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=20.0, help="pipeline time per round")
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="pipeline time per round (at least one batch; the plain loops "
+                             "a quarter of it each, at least one trajectory)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds; the median is printed")
     parser.add_argument("--producers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--ratio", type=int, default=1, help="async_generation_ratio")

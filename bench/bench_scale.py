@@ -65,7 +65,7 @@ def throughput(url: str, producers: int, args: argparse.Namespace) -> float:
             batcher.publish_version()
         delivered = 0
         started = time.perf_counter()
-        while time.perf_counter() - started < args.seconds:
+        while delivered == 0 or time.perf_counter() - started < args.seconds:  # >= 1 batch
             batch = batcher.get_batch("train", timeout_s=300)
             delivered += len(batch)
             batcher.ack(batch)
@@ -79,9 +79,21 @@ def throughput(url: str, producers: int, args: argparse.Namespace) -> float:
 
 
 class LagProducer(Producer):
-    """A producer that also measures its event loop's lag (bench only)."""
+    """A producer that also measures its event loop's lag (bench only). It runs `seconds`
+    and, however short that is, until it has committed a trajectory and taken `MIN_LAGS`
+    lag samples (what the report needs)."""
 
+    MIN_LAGS = 8  # the report drops the first quarter
     lags_ms: list[float]
+
+    def __init__(self, redis_url: str, run: str, seconds: float) -> None:
+        super().__init__(redis_url, run, handle_signals=False)
+        self.run_s = seconds
+        self.until = 0.0
+
+    def run(self) -> int:
+        self.until = time.monotonic() + self.run_s  # from here, as `Producer(seconds=)` counts
+        return super().run()
 
     async def _serve(self, redis, config):  # type: ignore[no-untyped-def, override]
         self.lags_ms = []
@@ -97,6 +109,9 @@ class LagProducer(Producer):
             due = loop.time() + 0.01
             await asyncio.sleep(0.01)
             self.lags_ms.append((loop.time() - due) * 1000)
+            if (time.monotonic() >= self.until and self.committed
+                    and len(self.lags_ms) >= self.MIN_LAGS):
+                self.request_stop()
 
 
 def rss_mb() -> float:
@@ -109,7 +124,7 @@ def rss_mb() -> float:
 def big_producer_child(url: str, run: str, seconds: float) -> None:
     """Runs in a child process: one producer, reports lag and memory as one JSON line."""
     idle_mb = rss_mb()
-    producer = LagProducer(url, run, handle_signals=False, seconds=seconds)
+    producer = LagProducer(url, run, seconds)
     producer.run()
     lags = producer.lags_ms[len(producer.lags_ms) // 4:]  # once every env is running
     print(json.dumps({"idle_mb": idle_mb, "peak_mb": _peak_rss_mb(),
@@ -167,8 +182,11 @@ def redis_memory_per_trajectory(url: str, args: argparse.Namespace) -> tuple[flo
         streams = [f"{{{run}}}:traj:train:{g}" for g in range(args.envs // 8)]
         entries = 0
         deadline = time.monotonic() + args.seconds * 2
-        # async 1: 2 episodes per env
-        while time.monotonic() < deadline and entries < args.envs * 2 - 192:
+        give_up = deadline + 300
+        # async 1: 2 episodes per env; past the deadline only until the first entries land
+        while entries < args.envs * 2 - 192 and (time.monotonic() < deadline or not entries):
+            if time.monotonic() > give_up:
+                raise SystemExit("the producers committed nothing")
             time.sleep(0.5)
             pipe = client.pipeline(transaction=False)
             for stream in streams:
@@ -187,7 +205,10 @@ def main() -> None:
         big_producer_child(sys.argv[2], sys.argv[3], float(sys.argv[4]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--seconds", type=float, default=15.0,
+                        help="throughput time per producer count (at least one batch); twice "
+                             "it: the big producer's run (at least until it committed) and the "
+                             "most the streams fill (at least until the first entries)")
     parser.add_argument("--counts", default="1,2,4,8", help="producer counts to measure")
     parser.add_argument("--big-envs", type=int, default=16384)
     parser.add_argument("--envs", type=int, default=4096,

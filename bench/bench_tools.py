@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from producers.envs import build_env  # noqa: E402
+from producers.envs.reasoning import reasoning_gym  # noqa: E402
 from producers.policies import StepContext, make_policy  # noqa: E402
 from producers.tools.sandbox import network_isolation, run_python  # noqa: E402
 from schemas.config import RolloutConfig  # noqa: E402
@@ -36,10 +37,18 @@ from schemas.tools import PYTHON_SCHEMA, PythonLimits  # noqa: E402
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
+    """A `rollstream fake-llm` process; (process, base URL). While it starts, this process
+    imports reasoning_gym (a second or so, which the first env built would take)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "rollstream", "fake-llm", "--port", "0", "--latency-s", "0",
          "--malformed-share", "0"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
+    try:
+        reasoning_gym()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
     line = proc.stdout.readline()
     if not line.startswith("fake-llm: serving"):
         proc.kill()

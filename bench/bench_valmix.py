@@ -56,7 +56,8 @@ async def _open_gate() -> bool:
 
 
 def tag_loop(config: RolloutConfig, tag: str, seconds: float) -> dict[str, float]:
-    """The producers' episode code on one env of `tag`: episodes/s, steps, wire bytes."""
+    """The producers' episode code on one env of `tag`: episodes/s, steps, wire bytes, over
+    `seconds` and at least one episode."""
     env = build_env(config, tag)
     slot = EnvSlot(mode="val", env_id=0, group_id=0, member=0, shard=0, tag=tag, env=env)
     policy, control = RandomPolicy(), ControlState()
@@ -64,7 +65,7 @@ def tag_loop(config: RolloutConfig, tag: str, seconds: float) -> dict[str, float
     async def loop() -> tuple[int, int, int, float]:
         trajs = steps = wire = 0
         started = time.perf_counter()
-        while time.perf_counter() - started < seconds:
+        while trajs == 0 or time.perf_counter() - started < seconds:
             # a val round replays episode 0 of each group, as the producers do (its seed
             # derived once, then cached)
             slot.group_id, slot.k = trajs % 256, 0
@@ -91,18 +92,19 @@ def plain_mix_s(config: RolloutConfig, seconds: float) -> tuple[float, dict[str,
     return round_s, per_tag
 
 
-def pipeline_rounds(config: RolloutConfig, url: str, producers: int, rounds: int) -> list[float]:
-    """Seconds per val round through the pipeline (after one warm-up round)."""
+def pipeline_rounds(config: RolloutConfig, url: str, producers: int, rounds: int,
+                    warmup: int = 1) -> list[float]:
+    """Seconds per val round through the pipeline (after `warmup` untimed rounds)."""
     client = redis.Redis.from_url(url, socket_timeout=60)
     batcher = Batcher(client, config, run=f"bench-valmix-{uuid.uuid4().hex[:8]}")
     procs = start_producers(url, batcher.keys.run, producers, "WARNING")
     try:
         times = []
-        for i in range(rounds + 1):
+        for i in range(warmup + rounds):
             started = time.perf_counter()
             batch = batcher.get_batch("val", timeout_s=300)
             assert len(batch) == config.batch_size("val")
-            if i:
+            if i >= warmup:
                 times.append(time.perf_counter() - started)
         return times
     finally:
@@ -113,8 +115,11 @@ def pipeline_rounds(config: RolloutConfig, url: str, producers: int, rounds: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=4.0, help="plain loop time per tag")
+    parser.add_argument("--seconds", type=float, default=4.0,
+                        help="plain loop time per tag (at least one episode)")
     parser.add_argument("--rounds", type=int, default=5, help="timed val rounds")
+    parser.add_argument("--warmup-rounds", type=int, default=1,
+                        help="untimed val rounds first (the producers' start)")
     parser.add_argument("--producers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--redis-url", default=None, help="default: an embedded server")
     args = parser.parse_args()
@@ -128,7 +133,7 @@ def main() -> None:
               f"{f['bytes_step']:.0f} |")
     with EmbeddedRedis() as server:
         times = pipeline_rounds(config, args.redis_url or server.url, args.producers,
-                                args.rounds)
+                                args.rounds, args.warmup_rounds)
     after, _ = plain_mix_s(config, args.seconds / 2)
     plain = (before + after) / 2
     piped = statistics.median(times)
