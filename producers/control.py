@@ -12,7 +12,7 @@ import logging
 import time
 from collections import deque
 
-from producers.lifetime import within
+from producers.lifetime import cancel_and_wait, within
 from schemas.backoff import Backoff
 from schemas.keys import Keys
 from schemas.redisconn import REDIS_ERRORS, AsyncClient, ControlSubscription
@@ -130,8 +130,7 @@ class ControlWatcher:
                 except asyncio.TimeoutError:
                     pass
         finally:
-            listener.cancel()
-            await asyncio.gather(listener, return_exceptions=True)
+            await cancel_and_wait(listener)
 
     async def _listen(self, stop: asyncio.Event) -> None:
         """Subscribe to the control channel; every message triggers an immediate poll."""

@@ -18,7 +18,7 @@ from producers.commit import Committer
 from producers.control import SYNC_WAKE_CHUNK, WAKE_CHUNK, ControlState, ControlWatcher
 from producers.lease_loop import LeaseLoop
 from producers.leases import Leases
-from producers.lifetime import Lifetime, within
+from producers.lifetime import Lifetime, cancel_and_wait, within
 from producers.metrics import ProducerStats
 from producers.policies.protocol import Policy
 from producers.rollout import InFlight
@@ -122,9 +122,7 @@ class Serving:
         self.life.stop.set()
         self.state.wake_all()
         tasks = self.runner.tasks() + self.lease_loop.handover_tasks()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)
         try:
             await asyncio.wait_for(asyncio.gather(*background, return_exceptions=True), 5.0)
         except asyncio.TimeoutError:

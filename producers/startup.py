@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable
 
-from producers.lifetime import Lifetime
+from producers.lifetime import Lifetime, cancel_and_wait
 from schemas.backoff import Backoff
 from schemas.config import RolloutConfig
 from schemas.errors import RedisSetupError
@@ -101,10 +101,9 @@ class Startup:
         try:
             await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stopper.cancel()
+            stopper.cancel()  # (it ends by itself too: the stop or the deadline)
             if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await cancel_and_wait(task)
         if task.cancelled():
             return False
         task.result()

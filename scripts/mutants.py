@@ -1516,6 +1516,14 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_an_agents_call_aborted_by_an_update_resumes_from_its_tokens",),
     ),
     Mutant(
+        "cancel-again", "producers/lifetime.py",
+        "        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_S)\n",
+        "        await asyncio.wait(pending)\n        pending = set()\n",
+        "a task whose cancellation redis-py's client dropped is cancelled again until it "
+        "ends (one cancel: a loop over Redis commands played on, its awaiter hung)",
+        (f"{GUARDS}::test_a_task_looping_on_redis_commands_ends_when_cancelled",),
+    ),
+    Mutant(
         "turns-kept-counted", "producers/rollout.py",
         "    elif _newest(step) != _oldest(step):\n",
         "    elif False:\n",

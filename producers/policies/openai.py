@@ -49,6 +49,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from producers import metrics
+from producers.lifetime import cancel_and_wait
 from producers.llm.labels import label_version
 from producers.llm.routing import session_key
 from producers.llm.sampling import for_turn
@@ -149,8 +150,7 @@ class OpenAIPolicy:
 
     async def close(self) -> None:
         if self._follower is not None:
-            self._follower.cancel()
-            await asyncio.gather(self._follower, return_exceptions=True)
+            await cancel_and_wait(self._follower)
             self._follower = None
         if self.pool is not None:
             await self.pool.close()
