@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import uuid
 from typing import Any
 
@@ -23,6 +24,14 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 
 TURNS = 3
+_SAYING = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line on stdout, flushed. openenv-core runs each session's env in a thread
+    of its own: unlocked, two sessions' prints could interleave into one line."""
+    with _SAYING:
+        print(line, flush=True)
 
 
 class GuessAction(Action):
@@ -48,14 +57,14 @@ class GuessEnv(Environment):
         self.seed = int(seed or 0)
         self.target = str(self.seed % 10)
         self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
-        print(f"reset {self.seed}", flush=True)
+        say(f"reset {self.seed}")
         return GuessObservation(prompt="Guess a digit (0-9).", turn=0)
 
     def step(self, action: GuessAction, timeout_s: float | None = None,
              **kwargs: Any) -> GuessObservation:
         self._state.step_count += 1
         turn = self._state.step_count
-        print(f"step {self.seed} {turn}", flush=True)
+        say(f"step {self.seed} {turn}")
         right = action.guess.strip() == self.target
         return GuessObservation(prompt="Right." if right else f"Wrong, guess again ({turn}).",
                                 turn=turn, reward=1.0 if right else 0.0,
