@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers import free_port, run_cli, small_config, stream_messages, wait_for
-from openenv_servers import HAVE_OPENENV, EnvServer
+from openenv_servers import HAVE_OPENENV, EnvServer, ForkServer
 
 from consumer.batcher import Batcher
 from producers.envs import build_env
@@ -26,12 +26,20 @@ needs_openenv = pytest.mark.skipif(not HAVE_OPENENV,
                                    reason="needs openenv-core (the openenv extra)")
 
 
+@pytest.fixture(scope="module")
+def forks() -> Iterator[ForkServer]:
+    """One fork server for the module: openenv-core imported once, not per server."""
+    forks = ForkServer()
+    yield forks
+    forks.close()
+
+
 @pytest.fixture
-def servers() -> Iterator[Any]:
+def servers(forks: ForkServer) -> Iterator[Any]:
     started: list[EnvServer] = []
 
     def start(max_sessions: int = 1) -> EnvServer:
-        server = EnvServer(free_port(), max_sessions).start()
+        server = EnvServer(free_port(), max_sessions, forks=forks).start()
         started.append(server)
         return server
 
@@ -278,7 +286,7 @@ def test_a_server_that_stays_down_fails_the_group_after_the_bounded_replays(
 
 
 @needs_openenv
-def test_build_env_makes_the_remote_env_of_a_tag(servers) -> None:
+def test_build_env_makes_the_remote_env_of_a_tag() -> None:
     config = guess_config(["http://127.0.0.1:1"], 3)
     env = build_env(config, "Guess")
     assert isinstance(env.unwrapped, OpenEnvEnv) and env.unwrapped.max_sessions == 3
