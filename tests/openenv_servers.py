@@ -55,13 +55,14 @@ class ForkServer:
             for line in self.proc.stdout:
                 self.output.append(line.rstrip("\n"))
 
-    def fork(self, port: int, max_sessions: int, timeout_s: float) -> Forked:
-        """A server process serving on `port`, its stdout and stderr at `Forked.out`."""
+    def fork(self, argv: list[str], timeout_s: float) -> Forked:
+        """A server process serving as `tests/openenv_server.py *argv` would, its stdout and
+        stderr at `Forked.stdout`."""
         read, write = os.pipe()
         try:
             with self._lock:
                 self.sock.settimeout(timeout_s)
-                request = json.dumps({"port": port, "max_sessions": max_sessions}).encode()
+                request = json.dumps({"argv": argv}).encode()
                 socket.send_fds(self.sock, [request], [write])
                 self._forked = True
                 message, fds, _, _ = socket.recv_fds(self.sock, 4096, 1)
@@ -151,12 +152,17 @@ class Forked:
 
 class EnvServer:
     """One `tests/openenv_server.py` server process on a port of loopback: started as a
-    process of its own, or forked by `forks` when given."""
+    process of its own, or forked by `forks` when given. `stop_when_full`: it SIGSTOPs
+    itself once, mid-step, when all its sessions are mid-episode (it prints `stopped`)."""
 
-    def __init__(self, port: int, max_sessions: int = 1, forks: ForkServer | None = None) -> None:
+    def __init__(self, port: int, max_sessions: int = 1, forks: ForkServer | None = None,
+                 stop_when_full: bool = False) -> None:
         self.port = port
         self.max_sessions = max_sessions
         self.forks = forks
+        self.argv = ["--port", str(port), "--max-sessions", str(max_sessions)]
+        if stop_when_full:
+            self.argv.append("--stop-when-full")
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | Forked | None = None
         self.lines: list[str] = []  # every line it printed, across restarts
@@ -166,12 +172,11 @@ class EnvServer:
         if isinstance(self.proc, Forked):
             self.proc.close()
         if self.forks is not None:
-            self.proc = self.forks.fork(self.port, self.max_sessions, timeout_s)
+            self.proc = self.forks.fork(self.argv, timeout_s)
         else:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(SERVER), "--port", str(self.port),
-                 "--max-sessions", str(self.max_sessions)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self.proc = subprocess.Popen([sys.executable, str(SERVER), *self.argv],
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -38,8 +38,9 @@ def forks() -> Iterator[ForkServer]:
 def servers(forks: ForkServer) -> Iterator[Any]:
     started: list[EnvServer] = []
 
-    def start(max_sessions: int = 1) -> EnvServer:
-        server = EnvServer(free_port(), max_sessions, forks=forks).start()
+    def start(max_sessions: int = 1, stop_when_full: bool = False) -> EnvServer:
+        server = EnvServer(free_port(), max_sessions, forks=forks,
+                           stop_when_full=stop_when_full).start()
         started.append(server)
         return server
 
@@ -233,16 +234,18 @@ def test_a_server_killed_mid_episode_costs_replays_not_trajectories(
 @needs_openenv
 def test_a_hung_server_misses_its_step_deadline_and_is_set_aside(
         r, run, servers, producer_thread, caplog) -> None:
-    """A server stopped (SIGSTOP) after it printed a step holds its sessions and answers
-    nothing: the step deadline (step_timeout_s) sets it aside and the episodes are replayed
-    on the other server; continued (SIGCONT), the probe brings it back."""
+    """A server that stops (SIGSTOP) mid-step while all its 4 sessions are mid-episode
+    answers nothing: the step deadline (step_timeout_s) sets it aside and the episodes are
+    replayed on the other server; continued (SIGCONT), the probe brings it back. The server
+    stops itself at that point (`stop_when_full`): a SIGSTOP this test sent on seeing a line
+    would land some steps later (its threads wait on the producer's), at times on a session
+    still opening or resetting there."""
     caplog.set_level(logging.INFO, logger="producers.envs.remote")
-    a, b = servers(max_sessions=4), servers(max_sessions=4)
+    a, b = servers(max_sessions=4, stop_when_full=True), servers(max_sessions=4)
     config = guess_config([a.url, b.url], 4, step_timeout_s=1.0)
     batcher = Batcher(r, config, run=run)
     thread = producer_thread()
-    a.wait_line("step ")
-    a.pause()
+    a.wait_line("stopped")
     batch = batcher.get_batch("train", timeout_s=60)
     assert not any(t["failed"] for t in batch.trajectories)
     assert sum(thread.producer.stats.replayed.values()) >= 1
