@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers import free_port, run_cli, small_config, stream_messages, wait_for
-from openenv_servers import HAVE_OPENENV, EnvServer
+from openenv_servers import HAVE_OPENENV, EnvServer, ForkServer
 
 from consumer.batcher import Batcher
 from producers.envs import build_env
@@ -26,12 +26,21 @@ needs_openenv = pytest.mark.skipif(not HAVE_OPENENV,
                                    reason="needs openenv-core (the openenv extra)")
 
 
+@pytest.fixture(scope="module")
+def forks() -> Iterator[ForkServer]:
+    """One fork server for the module: openenv-core imported once, not per server."""
+    forks = ForkServer()
+    yield forks
+    forks.close()
+
+
 @pytest.fixture
-def servers() -> Iterator[Any]:
+def servers(forks: ForkServer) -> Iterator[Any]:
     started: list[EnvServer] = []
 
-    def start(max_sessions: int = 1) -> EnvServer:
-        server = EnvServer(free_port(), max_sessions).start()
+    def start(max_sessions: int = 1, stop_when_full: bool = False) -> EnvServer:
+        server = EnvServer(free_port(), max_sessions, forks=forks,
+                           stop_when_full=stop_when_full).start()
         started.append(server)
         return server
 
@@ -225,16 +234,18 @@ def test_a_server_killed_mid_episode_costs_replays_not_trajectories(
 @needs_openenv
 def test_a_hung_server_misses_its_step_deadline_and_is_set_aside(
         r, run, servers, producer_thread, caplog) -> None:
-    """A server stopped (SIGSTOP) after it printed a step holds its sessions and answers
-    nothing: the step deadline (step_timeout_s) sets it aside and the episodes are replayed
-    on the other server; continued (SIGCONT), the probe brings it back."""
+    """A server that stops (SIGSTOP) mid-step while all its 4 sessions are mid-episode
+    answers nothing: the step deadline (step_timeout_s) sets it aside and the episodes are
+    replayed on the other server; continued (SIGCONT), the probe brings it back. The server
+    stops itself at that point (`stop_when_full`): a SIGSTOP this test sent on seeing a line
+    would land some steps later (its threads wait on the producer's), at times on a session
+    still opening or resetting there."""
     caplog.set_level(logging.INFO, logger="producers.envs.remote")
-    a, b = servers(max_sessions=4), servers(max_sessions=4)
+    a, b = servers(max_sessions=4, stop_when_full=True), servers(max_sessions=4)
     config = guess_config([a.url, b.url], 4, step_timeout_s=1.0)
     batcher = Batcher(r, config, run=run)
     thread = producer_thread()
-    a.wait_line("step ")
-    a.pause()
+    a.wait_line("stopped")
     batch = batcher.get_batch("train", timeout_s=60)
     assert not any(t["failed"] for t in batch.trajectories)
     assert sum(thread.producer.stats.replayed.values()) >= 1
@@ -278,7 +289,7 @@ def test_a_server_that_stays_down_fails_the_group_after_the_bounded_replays(
 
 
 @needs_openenv
-def test_build_env_makes_the_remote_env_of_a_tag(servers) -> None:
+def test_build_env_makes_the_remote_env_of_a_tag() -> None:
     config = guess_config(["http://127.0.0.1:1"], 3)
     env = build_env(config, "Guess")
     assert isinstance(env.unwrapped, OpenEnvEnv) and env.unwrapped.max_sessions == 3
