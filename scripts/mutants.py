@@ -1524,6 +1524,15 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{GUARDS}::test_a_task_looping_on_redis_commands_ends_when_cancelled",),
     ),
     Mutant(
+        "openenv-connect-deadline", "producers/envs/openenv.py",
+        "                heartbeat=None, max_msg_size=0), self.reset_timeout_s)",
+        "                heartbeat=None, max_msg_size=0), None)",
+        "a session's websocket upgrade is bounded by reset_timeout_s: a server that accepts "
+        "connections and answers nothing is set aside, not waited on for aiohttp's 300 s",
+        ("tests/test_envs_openenv.py::"
+         "test_a_server_hung_before_the_first_session_is_set_aside_at_connect",),
+    ),
+    Mutant(
         "turns-kept-counted", "producers/rollout.py",
         "    elif _newest(step) != _oldest(step):\n",
         "    elif False:\n",

@@ -50,9 +50,13 @@ def servers(forks: ForkServer) -> Iterator[Any]:
 
 
 def guess_config(urls: list[str], max_sessions: int, down_wait_s: float = 2.0,
-                 step_timeout_s: float = 10.0, **overrides: Any):
+                 step_timeout_s: float = 10.0, reset_timeout_s: float | None = None,
+                 **overrides: Any):
     env_config = {"base_urls": urls, "max_sessions": max_sessions, "down_wait_s": down_wait_s,
                   "step_timeout_s": step_timeout_s, "reset_timeout_s": 10.0}
+    if reset_timeout_s is not None:  # with the fields given: no GET /schema before a session
+        env_config.update(reset_timeout_s=reset_timeout_s, action_field="guess",
+                          observation_field="prompt")
     return small_config(
         custom_envs={"Guess": {"env_type": "openenv", "env_config": env_config}},
         train_env_manager={"tags": ["Guess"]}, val_env_manager=None, **overrides)
@@ -257,6 +261,27 @@ def test_a_hung_server_misses_its_step_deadline_and_is_set_aside(
     assert any(f"env server {a.url} down: no answer to step within 1 s" in m for m in said)
     assert any("at most 4 sessions each" in m for m in said)  # the cap, said once
     assert sum("at most 4 sessions each" in m for m in said) == 1
+
+
+@needs_openenv
+def test_a_server_hung_before_the_first_session_is_set_aside_at_connect(
+        r, run, servers, producer_thread, caplog) -> None:
+    """A server stopped (SIGSTOP) before the producer starts accepts connections (the kernel
+    does) and answers nothing: the websocket upgrade of each session on it is bounded by
+    reset_timeout_s (it had aiohttp's 300 s), the server set aside, the episodes played on the
+    other one. The fields are given, so no GET /schema (bounded already) comes first."""
+    caplog.set_level(logging.INFO, logger="producers.envs.remote")
+    a, b = servers(max_sessions=4), servers(max_sessions=4)
+    config = guess_config([a.url, b.url], 4, reset_timeout_s=1.0)
+    a.pause()
+    batcher = Batcher(r, config, run=run)
+    thread = producer_thread()
+    batch = batcher.get_batch("train", timeout_s=60)
+    assert not any(t["failed"] for t in batch.trajectories)
+    a.resume()
+    assert thread.stop() == 0
+    said = [rec.getMessage() for rec in caplog.records]
+    assert any(f"env server {a.url} down: no answer to connect within 1 s" in m for m in said)
 
 
 @needs_openenv

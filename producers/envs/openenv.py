@@ -120,9 +120,7 @@ class OpenEnvEnv(gym.Env):
         self._server = server
         try:
             await self._fields(pool, server)
-            self._ws = await pool.session.ws_connect(
-                server.url + "/ws", timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
-                heartbeat=None, max_msg_size=0)
+            self._ws = await self._connect(pool, server)
             data = await self._call({"type": "reset", "data": {"seed": seed}},
                                     self.reset_timeout_s, "reset")
         except BaseException:
@@ -220,6 +218,21 @@ class OpenEnvEnv(gym.Env):
         if not self.observation_field:
             self.observation_field = string_field(server.schema.get("observation", {}),
                                                   "observation", _OWN_FIELDS)
+
+    async def _connect(self, pool: ServerPool, server: Server
+                       ) -> aiohttp.ClientWebSocketResponse:
+        """Open a session's websocket, within `reset_timeout_s`: the upgrade has no deadline
+        of its own (aiohttp's default is 300 s), and a server that accepts connections but
+        answers nothing (stopped, hung) held the env for five minutes."""
+        try:
+            return await within(pool.session.ws_connect(
+                server.url + "/ws", timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
+                heartbeat=None, max_msg_size=0), self.reset_timeout_s)
+        except TimeoutError:
+            raise self._failed(f"no answer to connect within {self.reset_timeout_s:g} s"
+                               ) from None
+        except (aiohttp.ClientError, ConnectionError, OSError) as exc:
+            raise self._failed(f"connect: {type(exc).__name__}: {exc}") from None
 
     async def _call(self, message: dict[str, Any], timeout_s: float,
                     what: str) -> dict[str, Any]:
