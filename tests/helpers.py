@@ -30,6 +30,8 @@ from schemas.config import RolloutConfig
 from schemas.keys import Keys
 
 ROOT = Path(__file__).resolve().parents[1]
+ASK_ONCE = Retry(NoBackoff(), 0)  # a client that does not retry a refused connection or AUTH:
+# redis-py 8's default retries them with ~4 s of backoff; the tests' polls ask again themselves
 
 
 def clean_env() -> dict[str, str]:
@@ -183,7 +185,7 @@ def password_redis(folder: Path, password: str, *, appendonly: bool = False) -> 
                                  "127.0.0.1", "--requirepass", password, *aof, "--save", "",
                                  "--dir", str(folder)], stdout=log, stderr=subprocess.STDOUT)
         client = redis.Redis(port=port, password=password,  # asked again by wait_for
-                             retry=Retry(NoBackoff(), 0))
+                             retry=ASK_ONCE)
         try:
             wait_for(functools.partial(_started, proc, client), timeout_s=10,
                      what="redis-server")

@@ -147,3 +147,10 @@ def run_pool(urls: list[str], scenario: Any, **kwargs: Any) -> Any:
             await pool.close()
 
     return asyncio.run(main())
+
+
+def discarded(reason: str = "aborted") -> int:
+    """Generated tokens this process's producers counted thrown away for `reason`."""
+    from producers import metrics
+
+    return sum(n for (_, why), n in list(metrics.LLM.discarded.items()) if why == reason)

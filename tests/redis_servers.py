@@ -29,15 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from helpers import PORT_TAKEN, PORT_TRIES, free_port
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from helpers import ASK_ONCE, PORT_TAKEN, PORT_TRIES, free_port
 
 from rollstream.embedded import spawn
 
 MIN_VERSION = (7, 0)
-ONCE = Retry(NoBackoff(), 0)  # no retry of a refused connection: redis-py's default client
-# retries it with backoff, ~4 s
 
 
 def redis_server_7() -> str | None:
@@ -155,7 +151,7 @@ class Node:
         self._wait_answer(timeout_s)
 
     def _wait_answer(self, timeout_s: float) -> None:
-        client = self.client(retry=ONCE)  # this loop asks again, every 20 ms
+        client = self.client(retry=ASK_ONCE)  # this loop asks again, every 20 ms
         try:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:

@@ -217,10 +217,7 @@ def test_an_agents_call_aborted_by_an_update_resumes_from_its_tokens(
     stand-in vLLM server holds the calls, the update (`/pause?mode=abort`) aborts them with
     their tokens so far, and each aborted call is continued from them: every recorded call's
     ids are the server's answers to its seed, in order, each once; nothing discarded."""
-    from producers import metrics
-
-    def discarded() -> int:
-        return sum(n for (_, why), n in list(metrics.LLM.discarded.items()) if why == "aborted")
+    from llm_helpers import discarded
 
     server = fake_llm(flavor="vllm", tokenizer=str(model_dir / "tokenizer.json"),
                       latency_s=0.003, load_time_s=0.05)

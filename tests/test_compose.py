@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from helpers import password_redis, wait_for
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from helpers import ASK_ONCE, password_redis, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "compose.yaml"
@@ -74,7 +72,7 @@ def password_redis_port(tmp_path):
         with pytest.raises(redis.AuthenticationError):
             # the password is really required (asked once: redis-py's default client
             # retries a refused AUTH with backoff, ~4 s)
-            redis.Redis(port=port, retry=Retry(NoBackoff(), 0)).ping()
+            redis.Redis(port=port, retry=ASK_ONCE).ping()
         yield port
 
 

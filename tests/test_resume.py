@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import redis
 from helpers import stream_messages, wait_for
-from llm_helpers import fake_llm_factory, lake_config, run_steps
+from llm_helpers import discarded, fake_llm_factory, lake_config, run_steps
 from real_servers import load_tiny_model_script
 
 from consumer import Batcher, ModelServers
@@ -50,10 +50,6 @@ def model_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny")
     load_tiny_model_script().generate(out, seed=0)
     return out
-
-
-def discarded(reason: str = "aborted") -> int:
-    return sum(n for (_, why), n in list(metrics.LLM.discarded.items()) if why == reason)
 
 
 def continued(how: str) -> int:
