@@ -23,7 +23,8 @@ sync step (one publish each):
   repository's generated tokenizer, scripts/tiny_model.py, `policy.tokenizer`; the stand-in's
   `/v1/completions`): `in_flight: keep` against `abort` (the requests in flight at an update
   are aborted and sent again) and `resume` (aborted, then continued from the tokens the
-  aborting answer carried); target 0;
+  aborting answer carried); target 0; and `keep` with `async_carry_over` (`--async-carry`,
+  default 1): admitted episodes live on past the ratio instead of expiring;
 - sync, a batch of half the envs (the other half are in flight at each hand-out): on-policy
   (the default: they expire at the publish) against `sync_carry_over: true`;
 - how long an update holds generation: `ModelServers.update`'s wall time, from the pause to the
@@ -195,8 +196,10 @@ def main() -> None:
     parser.add_argument("--load-time-s", type=float, default=0.2,
                         help="the stand-in's weight load")
     parser.add_argument("--redis-url", default=None, help="default: an embedded Redis")
+    parser.add_argument("--async-carry", type=int, default=1,
+                        help="async_carry_over of the sixth run (keep, async)")
     parser.add_argument("--parallel", action="store_true",
-                        help="run the five at once (the tests: every line, in less time; the "
+                        help="run the six at once (the tests: every line, in less time; the "
                              "figures then share the machine)")
     args = parser.parse_args()
     if args.steps < 1 or args.groups < 2:
@@ -210,6 +213,8 @@ def main() -> None:
         arms: list[dict[str, Any]] = [
             *({"ratio": 1, "batch_envs": envs, "tokenizer": tokenizer,
                "partial": {"in_flight": how}} for how in ("keep", "abort", "resume")),
+            {"ratio": 1, "batch_envs": envs, "tokenizer": tokenizer,
+             "partial": {"in_flight": "keep", "async_carry_over": args.async_carry}},
             {"ratio": 0, "batch_envs": half, "partial": {}},
             {"ratio": 0, "batch_envs": half, "partial": {"sync_carry_over": True}},
         ]
@@ -218,7 +223,7 @@ def main() -> None:
                 results = list(pool.map(lambda arm: one_run(args, url, **arm), arms))
         else:
             results = [one_run(args, url, **arm) for arm in arms]
-        keep, abort, resume, on_policy, carry = results
+        keep, abort, resume, keep_carry, on_policy, carry = results
     print(f"{args.groups * 4} envs, {args.steps} publishes, server latency {args.latency_s}s, "
           f"load {args.load_time_s}s")
     print("| run | tokens sampled | handed out | left in streams | discarded | discarded | "
@@ -229,6 +234,8 @@ def main() -> None:
     print(row("async, token-in/token-out, in_flight keep", keep, "update"))
     print(row("async, token-in/token-out, in_flight abort", abort, "update"))
     print(row("async, token-in/token-out, in_flight resume", resume, "update"))
+    print(row(f"async, token-in/token-out, in_flight keep, async_carry_over "
+              f"{args.async_carry}", keep_carry, "update"))
     print(row(f"sync, batch {half}/{envs}, on-policy", on_policy, "step"))
     print(row(f"sync, batch {half}/{envs}, carry-over", carry, "step"))
     print(f"async discarded per update, keep / abort: "
@@ -236,6 +243,10 @@ def main() -> None:
           f"{ratio_text(resume.per_publish, abort.per_publish)} "
           f"({keep.per_publish:.0f} / {resume.per_publish:.0f} / {abort.per_publish:.0f} "
           f"tokens, keep / resume / abort)")
+    print(f"async discarded per update, keep with async_carry_over {args.async_carry} / keep: "
+          f"{ratio_text(keep_carry.per_publish, keep.per_publish)} "
+          f"({keep_carry.per_publish:.0f} / {keep.per_publish:.0f} tokens; "
+          f"{keep_carry.stale_dropped:.0f} / {keep.stale_dropped:.0f} dropped stale)")
     print(f"async tokens of requests cut (aborted or closed) thrown away, keep / resume / "
           f"abort: {keep.cut_lost} / {resume.cut_lost} / {abort.cut_lost} (resume carried "
           f"{resume.resumed_cut} on in {resume.resumed} turns resumed)")

@@ -157,8 +157,9 @@ class Assembly:
                 return slot.entries()
             return []
         slot.members[msg["member"]] = (entry, msg)
-        if state.schedule.carry and msg["version_start"] < self._shared.version:
-            self._shared.count(state, "scheduler/carried_over")  # sync: from the last step
+        if state.schedule.carry and \
+                self._shared.version - msg["version_start"] > state.schedule.ratio:
+            self._shared.count(state, "scheduler/carried_over")  # older than the ratio lets
         slot.oldest_start = min(slot.oldest_start, msg["version_start"])
         if len(slot.members) == state.group_size:
             # oldest episode first; val orders by group so every round's batch is the same
@@ -236,7 +237,7 @@ class Assembly:
         version = self._shared.version
         # expired episodes, and groups whose weights fell more than `ratio` behind since they
         # were placed (a member's `version_start`: a version published over their heads)
-        oldest = version - state.schedule.bound  # (sync carry-over: one step more)
+        oldest = version - state.schedule.bound  # (with a carry-over: steps more)
         stale = [slot for (_, k, _), slot in state.groups.items()
                  if state.schedule.expired(k, version)
                  or slot.oldest_start < oldest]

@@ -175,9 +175,11 @@ class RolloutConfig(BaseModel):
 
     @property
     def carry_steps(self) -> int:
-        """Steps an unfinished train episode may outlive its own (`Schedule.carry`): 1 in sync
-        mode with `policy.partial_rollout.sync_carry_over`, else 0 (sync stays on-policy)."""
-        return int(self.is_sync and self.policy.partial_rollout.sync_carry_over)
+        """Steps an unfinished train episode may outlive the staleness bound (`Schedule.carry`):
+        sync mode 1 with `policy.partial_rollout.sync_carry_over`, else 0 (sync stays
+        on-policy); async mode `policy.partial_rollout.async_carry_over`."""
+        partial = self.policy.partial_rollout
+        return int(partial.sync_carry_over) if self.is_sync else partial.async_carry_over
 
     def schedule(self, mode: str) -> Schedule:
         """The admission and expiry rules of a mode (train: with the carry-over, if any)."""

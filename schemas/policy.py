@@ -52,8 +52,15 @@ class PartialRollout(BaseModel):
     - `sync_carry_over: false` (the default): sync mode stays on-policy: the episodes a step
       leaves unfinished expire when the next version is published. `true`: they carry over
       into the next step (once), as slime's `--partial-rollout`; their turns keep the
-      version that generated them. No effect in async mode, whose staleness bound already
-      lets episodes span versions.
+      version that generated them. No effect in async mode (see the next).
+    - `async_carry_over: 0` (the default): async mode: an episode expires, and its
+      generation is thrown away, once the version is more than `async_generation_ratio`
+      past its step. `N`: an episode already admitted lives on N versions more before it
+      expires (admission is unchanged: no more episodes start ahead), as AReaL bounds
+      staleness when a sample is admitted and never discards it after; a delivered
+      trajectory is then at most `ratio + N` versions old, its turns labelled with the
+      versions that sampled them. No effect in sync mode, so a config switches between
+      the modes by its ratio alone.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -66,6 +73,10 @@ class PartialRollout(BaseModel):
     sync_carry_over: bool = Field(
         default=False, description="sync mode: a step's unfinished episodes carry over into "
         "the next step instead of expiring (their old-version turns keep their version)")
+    async_carry_over: int = Field(
+        default=0, ge=0, le=16, description="async mode: versions an admitted episode may "
+        "outlive the staleness bound before it expires and its generation is discarded; "
+        "delivered trajectories may be up to async_generation_ratio + this versions old")
 
 
 class _PartialRolloutField(BaseModel):

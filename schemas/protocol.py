@@ -7,10 +7,12 @@ With T episodes per env per step and ratio r (`async_generation_ratio`):
 A trajectory started at version v0 was admitted, so `create(k) <= v0`; delivered unexpired at
 version v, its staleness `v - v0 <= v - create(k) <= r`.
 
-Carry-over (`carry` c, 1 only in sync mode with `policy.partial_rollout.sync_carry_over`):
-admission is unchanged, and an episode expires only once `version - create(k) > r + c`: a
-step's unfinished episodes live on through the next step (once), as slime's
-`--partial-rollout` carries unfinished samples, so staleness `v - v0 <= r + c`.
+Carry-over (`carry` c: in sync mode 1 with `policy.partial_rollout.sync_carry_over`, in
+async mode `policy.partial_rollout.async_carry_over`): admission is unchanged, and an episode
+expires only once `version - create(k) > r + c`: a sync step's unfinished episodes live on
+through the next step (once), as slime's `--partial-rollout` carries unfinished samples; an
+async episode, once admitted, c versions past the ratio (AReaL's bound at admission). So
+staleness `v - v0 <= r + c`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class Schedule:
 
     episodes_per_step: int
     ratio: int
-    carry: int = 0  # steps an episode may outlive its own (sync carry-over: 1)
+    carry: int = 0  # steps an episode may outlive the bound (sync carry-over: 1)
 
     def create_step(self, k: int) -> int:
         return max(0, k // self.episodes_per_step - self.ratio)

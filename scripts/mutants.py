@@ -1036,10 +1036,24 @@ MUTANTS: tuple[Mutant, ...] = (
     # partial rollouts (policy.partial_rollout; tests/test_partial_rollout.py)
     Mutant(
         "sync-carry-by-default", "schemas/config.py",
-        "return int(self.is_sync and self.policy.partial_rollout.sync_carry_over)",
-        "return int(self.is_sync)",
+        "return int(partial.sync_carry_over) if self.is_sync else partial.async_carry_over",
+        "return 1 if self.is_sync else partial.async_carry_over",
         "sync mode stays on-policy by default: the carry-over only when asked for",
         (f"{PARTIAL}::test_sync_stays_on_policy_unless_the_carry_over_is_asked_for[False]",),
+    ),
+    Mutant(
+        "async-carry-over", "schemas/config.py",
+        "return int(partial.sync_carry_over) if self.is_sync else partial.async_carry_over",
+        "return int(partial.sync_carry_over) if self.is_sync else 0",
+        "async carry-over: an admitted episode lives on past the ratio instead of expiring",
+        (f"{PARTIAL}::test_async_carry_over_keeps_an_admitted_episode_past_the_ratio[1]",),
+    ),
+    Mutant(
+        "async-carry-counted", "consumer/assembly.py",
+        'self._shared.version - msg["version_start"] > state.schedule.ratio:',
+        'self._shared.version - msg["version_start"] > 0:',
+        "only a trajectory older than the ratio lets counts as carried over (async mode)",
+        (f"{PARTIAL}::test_async_carry_over_keeps_an_admitted_episode_past_the_ratio[1]",),
     ),
     Mutant(
         "sync-carry-stale", "consumer/assembly.py",

@@ -120,4 +120,6 @@ def test_bench_partial_prints_the_discarded_tokens_ratios():
     for arm in ("keep", "abort", "resume"):
         assert f"| async, token-in/token-out, in_flight {arm} |" in out, out
     assert "keep / abort:" in out and "resume / abort:" in out, out
+    assert "| async, token-in/token-out, in_flight keep, async_carry_over 1 |" in out, out
+    assert "keep with async_carry_over 1 / keep:" in out, out
     assert "carry-over / on-policy:" in out and "an update holds generation" in out, out

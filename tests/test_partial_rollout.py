@@ -75,9 +75,15 @@ def test_partial_rollout_config_defaults_and_refusals() -> None:
     assert config.carry_steps == 0 and config.schedule("train").carry == 0
     carry = lake_config(["http://127.0.0.1:1/v1"], partial_rollout={"sync_carry_over": True})
     assert carry.carry_steps == 1 and carry.schedule("train").carry == 1
-    # async mode: its staleness bound already spans versions; the carry-over changes nothing
+    # each carry-over belongs to its mode: a config switches modes by its ratio alone
     assert lake_config(["http://127.0.0.1:1/v1"], ratio=1,
                        partial_rollout={"sync_carry_over": True}).carry_steps == 0
+    assert lake_config(["http://127.0.0.1:1/v1"], ratio=1,
+                       partial_rollout={"async_carry_over": 2}).schedule("train").carry == 2
+    assert lake_config(["http://127.0.0.1:1/v1"],
+                       partial_rollout={"async_carry_over": 2}).carry_steps == 0
+    with pytest.raises(ConfigError, match="async_carry_over"):
+        lake_config(["http://127.0.0.1:1/v1"], ratio=1, partial_rollout={"async_carry_over": -1})
     with pytest.raises(ConfigError, match="in_flight"):  # resume: token-in/token-out only
         lake_config(["http://127.0.0.1:1/v1"], partial_rollout={"in_flight": "resume"})
     with pytest.raises(ConfigError, match="in_flight"):
@@ -315,6 +321,57 @@ def test_sync_stays_on_policy_unless_the_carry_over_is_asked_for(
     sent = Counter(body["seed"] for body in list(server.requests))
     assert all(sent[seed] == 1 for seed in slow_firsts)  # kept, not sent again
     assert {seed for _, seed in steps_of([second])} >= slow_firsts
+
+
+# -- async: an episode the staleness bound would expire ---------------------------------------
+@pytest.mark.parametrize("carry", [0, 1])
+def test_async_carry_over_keeps_an_admitted_episode_past_the_ratio(
+        fake_llm, producer_thread, r: redis.Redis, run: str, carry: int) -> None:
+    """Async, ratio 1, one episode per env per step. The Slow tag's first turns (episode 0,
+    step 0) are held while the Lake groups fill two batches and the version moves to 2.
+    Default: at version 2 episode 0 is past the ratio: the producer abandons it (its turns
+    in flight are closed) and no Slow trajectory of episode 0 is ever committed.
+    `async_carry_over: 1`: it lives on; released, its trajectories are committed and handed
+    out first (oldest episode), `version_start` 0 at version 2, counted carried over, none
+    dropped as stale, no turn sent twice."""
+    server = fake_llm(flavor="vllm", latency_s=0.002, p_good=0.3, malformed_share=1.0)
+    server.hold("SLOW")
+    config = lake_config([server.base_url], ratio=1, batch=8, slow_tag=True,
+                         partial_rollout={"async_carry_over": carry})
+    assert config.schedule("train").carry == carry
+    batcher = Batcher(r, config, run=run)
+    producer_thread()
+    wait_for(lambda: server.stats["held"] == 8, what="the Slow envs' first turns held")
+    slow_firsts = {body["seed"] for body in list(server.requests)
+                   if "SLOW" in body["messages"][0]["content"]}
+    for _ in range(2):
+        batch = batcher.get_batch(timeout_s=30)
+        assert {t["tag"] for t in batch.trajectories} == {"Lake"}
+        batcher.ack(batch)
+        batcher.publish_version()
+    assert batcher.version == 2
+
+    def slow_committed() -> list[dict[str, Any]]:
+        return [m for m in stream_messages(r, Keys(run), config)
+                if m["tag"] == "Slow" and m["episode_id"] == 0]
+
+    if not carry:
+        wait_for(lambda: server.stats["cancelled"] == 8, what="the expiry to close them")
+        server.release()
+        wait_for(lambda: any(m["tag"] == "Slow" for m in stream_messages(r, Keys(run), config)),
+                 what="the Slow envs to commit a later episode")
+        assert slow_committed() == []
+        return
+    server.release()
+    wait_for(lambda: len(slow_committed()) == 8, what="episode 0 of the Slow envs committed")
+    assert server.stats["cancelled"] == 0
+    third = batcher.get_batch(timeout_s=30)
+    assert {(t["tag"], t["episode_id"]) for t in third.trajectories} == {("Slow", 0)}
+    assert all(t["version_start"] == 0 for t in third.trajectories)
+    assert third.metrics["scheduler/carried_over"] == 8
+    assert third.metrics.get("scheduler/stale_dropped", 0) == 0
+    sent = Counter(body["seed"] for body in list(server.requests))
+    assert all(sent[seed] == 1 for seed in slow_firsts)  # kept, not sent again
 
 
 def test_a_turn_kept_through_the_first_update_is_used_not_sent_again(fake_llm) -> None:

@@ -181,7 +181,8 @@ def test_config_show_round_trips_to_an_equal_plain_config(tmp_path):
     assert (frozen["env_id"], frozen["max_steps"]) == ("rollstream/FrozenLake-v0", 10)
     assert shown["policy"] == {"type": "random", "latency_s": 0.0, "latency_sigma": 0.0,
                                "partial_rollout": {"in_flight": "keep",
-                                                   "sync_carry_over": False}}
+                                                   "sync_carry_over": False,
+                                                   "async_carry_over": 0}}
     assert shown["lease_ttl_s"] == 10.0 and shown["val_env_manager"]["group_size_redundancy"] == 0
     path = tmp_path / "shown.yaml"
     path.write_text(out.stdout, encoding="utf-8")
