@@ -134,10 +134,10 @@ class Batcher:
         self._hand_out = hand_out = HandOut(client, keys, config, shared, index=index,
                                             count=count, alive=alive, writer=writer,
                                             publisher=publisher, replicas=replicas)
-        self._record = record = StateRecord(shared, client, keys, self.block_ms)
+        self._record = state_record = StateRecord(shared, client, keys, self.block_ms)
         self._wait = BatchWait(client, keys, shared, block_ms=self.block_ms, owner=self.owner,
                                alive=alive, claims=claims, assembly=assembly,
-                               hand_out=hand_out, publisher=publisher, record=record)
+                               hand_out=hand_out, publisher=publisher, record=state_record)
         publisher.start()
 
     @property

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 LOAD_FACTOR = 2.0  # a server takes a session while in flight <= ceil(2 x the mean)
 SESSION_HEADER = "X-Session-ID"  # what routers read (vLLM's router, SGLang's router, ...)
@@ -42,6 +42,9 @@ PREFERRED, DOWN, OVERLOADED = "preferred", "down", "overloaded"
 class Routable(Protocol):
     base_url: str
     inflight: int
+
+
+R = TypeVar("R", bound=Routable)
 
 
 def session_key(mode: str, group: int, episode: int) -> str:
@@ -55,7 +58,7 @@ def score(key: str, base_url: str) -> int:
     return int.from_bytes(digest, "little")
 
 
-def ranked(key: str, servers: Sequence[Routable]) -> list[Routable]:
+def ranked(key: str, servers: Sequence[R]) -> list[R]:
     """The servers in the session's order of preference (highest weight first)."""
     return sorted(servers, key=lambda s: score(key, s.base_url), reverse=True)
 
@@ -66,8 +69,8 @@ def bound(candidates: Sequence[Routable], load_factor: float) -> int:
     return max(1, math.ceil(load_factor * total / len(candidates)))
 
 
-def route(key: str, candidates: Sequence[Routable], every: Sequence[Routable],
-          load_factor: float = LOAD_FACTOR) -> tuple[Routable, str]:
+def route(key: str, candidates: Sequence[R], every: Sequence[R],
+          load_factor: float = LOAD_FACTOR) -> tuple[R, str]:
     """The server for a request of session `key` among `candidates` (the usable up servers,
     not empty), and its outcome against the session's first choice among `every` server."""
     first = ranked(key, every)[0]

@@ -190,7 +190,7 @@ class ServerSet:
                 server, how = routing.route(session, up, self.servers, self.load_factor)
                 if avoid is None:
                     metrics.llm_session(how)
-                return server  # type: ignore[return-value]
+                return server
             if up:
                 self._turn += 1
                 start = self._turn % len(up)

@@ -44,7 +44,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import RedisError
 
@@ -74,6 +74,12 @@ Request = Callable[[list[int] | None, int | None], dict[str, Any]]  # (prompt id
 # -> a request's body (`OpenAIPolicy.sample`)
 RESUME_WAIT_S = 0.2  # `in_flight: resume`: a continuation aborted with no new token waits
 # this long before the next (a server that aborts what comes while it loads)
+
+
+def sampled_ids(turn: Turn) -> list[int]:
+    """A token-in/token-out turn's response ids as ints (the turn holds an int32 array)."""
+    assert turn.response_ids is not None  # from the server, else from the tokenizer
+    return cast(Any, turn.response_ids).tolist()
 
 
 class OpenAIPolicy:
@@ -212,7 +218,7 @@ class OpenAIPolicy:
 
         def replied(turn: Turn) -> None:  # a tool round's ids: the next prompt extends them
             if tito is not None and prompt_ids[0] is not None:
-                tito.remember(conversation, messages, prompt_ids[0], turn.response_ids.tolist())
+                tito.remember(conversation, messages, prompt_ids[0], sampled_ids(turn))
 
         try:
             turn, data = await generate()
@@ -229,7 +235,7 @@ class OpenAIPolicy:
         messages.append({"role": "assistant", "content": turn.text})
         ids = prompt_ids[0]
         if ids is not None and tito is not None:  # the next turn extends these ids
-            tito.remember(ctx.scratch, messages, ids, turn.response_ids.tolist())
+            tito.remember(ctx.scratch, messages, ids, sampled_ids(turn))
         parse = getattr(env, "parse_action", None)
         action = parse(turn.text) if parse is not None else None
         return (-1 if action is None else action), turn
