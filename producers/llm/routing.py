@@ -71,15 +71,14 @@ def bound(candidates: Sequence[Routable], load_factor: float) -> int:
 
 def route(key: str, candidates: Sequence[R], every: Sequence[R],
           load_factor: float = LOAD_FACTOR) -> tuple[R, str]:
-    """The server for a request of session `key` among `candidates` (the usable up servers,
-    not empty), and its outcome against the session's first choice among `every` server."""
+    """The server for a request of session `key` among `candidates` (the usable up servers:
+    some of `every`, not none), and its outcome against the session's first choice among
+    `every` server."""
     every_order = ranked(key, every)  # hashed once: the candidates keep this order
     first = every_order[0]
     limit = bound(candidates, load_factor)
     ids = {id(s) for s in candidates}
     order = [s for s in every_order if id(s) in ids]
-    if len(order) != len(candidates):  # a candidate not among `every`
-        order = ranked(key, candidates)
     chosen = next((s for s in order if s.inflight + 1 <= limit), order[0])
     if chosen is first:
         return chosen, PREFERRED
