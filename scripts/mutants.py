@@ -1476,6 +1476,13 @@ MUTANTS: tuple[Mutant, ...] = (
          f"{RESUME}::test_a_resumed_turn_is_its_pieces_once_each_with_their_versions"),
     ),
     Mutant(
+        "resume-latency-sum", "producers/policies/openai.py",
+        "                    piece.latency_s = spent\n",
+        "",
+        "a resumed turn's latency is its pieces' requests, not the last piece's alone",
+        (f"{RESUME}::test_an_aborted_turn_resumes_from_its_tokens_never_doubled[vllm]",),
+    ),
+    Mutant(
         "resume-piece-twice", "producers/llm/tito.py",
         "        self._append(last, version, source)\n        turn = Turn(",
         "        self._append(last, version, source)\n        self._append(last, version, "

@@ -209,6 +209,9 @@ def test_an_aborted_turn_resumes_from_its_tokens_never_doubled(
         assert len(spans) > 1 and step["version_spans"] == spans
         assert step["version"] == spans[0][0] < spans[-1][0]
         held += spans[0][0] == 1  # aborted by the update under the hold (1 -> 2)
+        # its latency is every piece's request (each one at least the server's own time
+        # for it), not the last piece's alone: the held piece waited out the update
+        assert step["latency_s"] >= sum(a["elapsed_s"] for a in answers)
     assert held, "no turn held at version 1 was resumed"
     # each continuation's prompt is the turn's prompt and every id sampled before it (never
     # the prompt alone: a reply sampled again from scratch would double the partial's span),

@@ -229,6 +229,7 @@ class Resumed:
             logprobs=cast(Any, None if self.logprobs is None
                           else np.asarray(self.logprobs, dtype=np.float32)),
             finish_reason=last.finish_reason,
+            latency_s=last.latency_s,  # (the policy gives `last` the pieces' sum)
             version=min((row[0] for row in self.spans), default=version),
             version_source="server" if self.sources == {"server"} else
             next(s for s in ("producer", "recorded", "server") if s in self.sources),

@@ -268,7 +268,9 @@ class OpenAIPolicy:
                                   0 if turn.response_ids is None else len(turn.response_ids))
             turn, answer = await self._resume(turn, answer, ids, sampled, ctx, request,
                                               min_version, session)
-        turn.server, turn.latency_s = answer.server.base_url, answer.latency_s
+        turn.server = answer.server.base_url
+        if turn.latency_s is None:  # (a resumed turn's is its pieces' sum)
+            turn.latency_s = answer.latency_s
         return turn, answer
 
     async def _resume(self, turn: Turn, answer: Any, ids: list[int], sampled: Any,
@@ -278,14 +280,17 @@ class OpenAIPolicy:
         carried (`producers.llm.tito.Resumed`) until an answer finishes it; the whole turn
         and that answer. Another abort is resumed too; one whose ids come from the
         tokenizer, not the server, cannot be (`TurnAborted`, every piece discarded); a
-        continuation cut short or failed discards the pieces (counted, `aborted`)."""
+        continuation cut short or failed discards the pieces (counted, `aborted`). The
+        turn's `latency_s` is the sum of its pieces' requests."""
         resumed = self._tito.Resumed.start(ids)
         resumed.add(turn, *_fallback_version(answer, ctx))
+        spent = answer.latency_s
         try:
             while True:
                 left = resumed.left(sampled.fields()["max_tokens"])
                 if left <= 0:  # aborted after its last token: the turn is whole
-                    last = Turn(text="", response_ids=[], logprobs=[], finish_reason="length")
+                    last = Turn(text="", response_ids=[], logprobs=[], finish_reason="length",
+                                latency_s=spent)
                     return resumed.finish(last, *_fallback_version(answer, ctx)), answer
                 prompt = resumed.next_prompt()
                 answer = await self.pool.chat(request(prompt, left), min_version=min_version,
@@ -295,7 +300,9 @@ class OpenAIPolicy:
                     answer = await self.pool.chat(request(prompt, min(refit, left)),
                                                   min_version=min_version, session=session)
                 piece = self._tito.turn_from_completion(answer.data, prompt, self._template)
+                spent += answer.latency_s
                 if piece.finish_reason != "abort":
+                    piece.latency_s = spent
                     return resumed.finish(piece, *_fallback_version(answer, ctx)), answer
                 self._aborted(answer.server.base_url)
                 if not _resumable(piece):

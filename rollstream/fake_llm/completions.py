@@ -184,6 +184,7 @@ async def _complete(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[st
                     raw: bytes, ids: list[int], model: Any, native: bool) -> web.Response:
     """A completion admitted: its reply, its latency and what ends it (see the module
     docstring)."""
+    started = time.monotonic()
     flavor = server.flavor
     server.stats["native_completions" if native else "openai_completions"] += 1
     server.requests.append(body)
@@ -201,7 +202,8 @@ async def _complete(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[st
             server.stats["aborted"] += 1
             server.answers.append({"seed": body.get("seed"), "model": model,
                                    "finish_reason": "abort", "tokens": 0,
-                                   "weight_version": server.control.label, "ids": []})
+                                   "weight_version": server.control.label, "ids": [],
+                                   "elapsed_s": time.monotonic() - started})
             return json_response(answer(server, vocabulary, body, ids, [], [], "abort"))
         await server.control.wait_generating()
     opts = server.options
@@ -253,7 +255,8 @@ async def _complete(server: FakeLLMServer, vocabulary: Vocabulary, body: dict[st
         server.stats["tokens_generated"] += len(out)
     server.answers.append({"seed": body.get("seed"), "model": model, "finish_reason": finish,
                            "tokens": len(out), "weight_version": spans[-1][0],
-                           "ids": list(out)})  # what was sampled, for the tests
+                           "ids": list(out),  # what was sampled, for the tests
+                           "elapsed_s": time.monotonic() - started})  # admitted to answered
     if native:
         return json_response(native_answer(vocabulary, body, ids, out, logprobs, finish))
     return json_response(answer(server, vocabulary, body, ids, out, logprobs, finish, spans))
