@@ -22,7 +22,14 @@ from typing import Any
 import pytest
 import redis
 from helpers import stream_messages, wait_for
-from llm_helpers import answered, fake_llm_factory, lake_config, run_steps, steps_of
+from llm_helpers import (
+    answered,
+    discarded,
+    fake_llm_factory,
+    lake_config,
+    run_steps,
+    steps_of,
+)
 
 from consumer import Batcher, ModelServers
 from consumer.batch import Batch
@@ -39,12 +46,6 @@ fake_llm = pytest.fixture(fake_llm_factory)
 
 def carried_tokens(trajs: list[dict[str, Any]]) -> int:
     return sum(len(step["response_ids"]) for traj in trajs for step in traj["steps"])
-
-
-def aborted_tokens_counted() -> int:
-    """The tokens this process's producers counted as discarded by an aborted turn."""
-    return sum(n for (_, reason), n in list(metrics.LLM.discarded.items())
-               if reason == "aborted")
 
 
 def cursors_at(r: redis.Redis, keys: Keys, k: int) -> bool:
@@ -167,7 +168,7 @@ def test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again(
     assert servers.pause_mode == {("vllm", "keep"): "keep", ("vllm", "abort"): "abort",
                                   ("sglang", "keep"): "retract",
                                   ("sglang", "abort"): None}[flavor, in_flight]
-    counted = aborted_tokens_counted()
+    counted = discarded()
     kept_before = sum(n for (_, how), n in list(metrics.LLM.continued.items()) if how == "kept")
     producer = producer_thread()
     batches = run_steps(batcher, servers, 1)  # the server holds version 1, the run too
@@ -210,7 +211,7 @@ def test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again(
         # per-token provenance: each generated token carries the version its span says,
         # and a trajectory's version_start is its oldest token's
         tokens = Batch("train", 2, trajs, [], {}).trajectory_tokens()
-        assert len(tokens) == len(trajs) and aborted_tokens_counted() == counted
+        assert len(tokens) == len(trajs) and discarded() == counted
         for row, i in enumerate(tokens.traj_index):
             traj = trajs[i]
             oldest = traj["steps"][0]["version"]
@@ -229,9 +230,9 @@ def test_an_async_update_keeps_a_turn_in_flight_or_sends_it_again(
         assert server.stats["tokens_cut"] >= sum(a["tokens"] for a in lost)
         # the producer counts the tokens the aborting answers carried as discarded (both
         # servers answer an aborted request with its tokens so far)
-        assert aborted_tokens_counted() - counted == sum(a["tokens"] for a in lost) > 0
+        assert discarded() - counted == sum(a["tokens"] for a in lost) > 0
         record = producer.producer.stats.record()  # what `rollstream status` shows
-        assert record.tokens_discarded.get("aborted", 0) == aborted_tokens_counted()
+        assert record.tokens_discarded.get("aborted", 0) == discarded()
     answered(server)  # and no turn was completed twice
 
 
