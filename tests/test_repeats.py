@@ -32,7 +32,7 @@ def test_a_kind_is_logged_once_per_interval_with_the_count_held_back(caplog) -> 
 def test_an_env_that_always_raises_is_not_a_line_per_episode(r, run, producer_thread,
                                                              caplog) -> None:
     """Group 3 is an env whose every step raises (two attempts per episode): its 4 members
-    failed 2 episodes each over these batches, 16 attempts and 2+ dropped groups, each a
+    failed an episode each time it was admitted, 2+ groups were dropped, each a
     warning line of the same words; an audit saw 732 such lines in 20 s."""
     config = broken_group_config(rollout_batch_size=12, env_max_retries=1,
                                  async_generation_ratio=1)
@@ -40,11 +40,16 @@ def test_an_env_that_always_raises_is_not_a_line_per_episode(r, run, producer_th
     caplog.set_level(logging.WARNING)
     producer_thread()
     failed = 0
-    for _ in range(3):
+    # a failed trajectory the batcher reads only after its episode expired counts as stale,
+    # not failed (the FrozenLake groups may finish their step first): ask until two groups
+    # were dropped as failed, however the reads fall
+    for _ in range(20):
         batch = batcher.get_batch("train", timeout_s=30)
         failed += batch.metrics["scheduler/failed_groups"]
         batcher.ack(batch)
         batcher.publish_version()
+        if failed >= 2:
+            break
     lines = [r.getMessage() for r in caplog.records]
     raised = [m for m in lines if "(Broken) episode" in m and "raised on attempt" in m]
     dropped = [m for m in lines if m.startswith("dropping group")]
