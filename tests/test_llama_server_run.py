@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,12 +35,13 @@ N_CTX = 768  # the first FrozenLake prompt is ~320 tokens of the tiny model, eac
 # episodes reach the end of the context at their third or fourth turn
 MAX_TOKENS = 32
 STEPS = 3
+BATCH = 8  # two groups of four: the server has one slot, so each turn waits its turn
 
 
 def run_config(base_url: str) -> dict:
     return {
-        "rollout_batch_size": 16, "async_generation_ratio": 1, "seed": 3,
-        "train_env_manager": {"max_env_num_per_worker": 8, "num_env_groups": 4,
+        "rollout_batch_size": BATCH, "async_generation_ratio": 1, "seed": 3,
+        "train_env_manager": {"max_env_num_per_worker": 8, "num_env_groups": BATCH // 4,
                               "group_size": 4, "tags": ["FrozenLake"]},
         "val_env_manager": None,
         "policy": {"type": "openai", "base_urls": [f"{base_url}/v1"], "model": "tiny",
@@ -67,31 +69,44 @@ def test_up_against_a_real_llama_server_restarted_mid_run(tmp_path: Path) -> Non
             [sys.executable, "-m", "rollstream", "--log-level", "WARNING", "up", "--config",
              str(config), "--run", "llama-run", "--producers", "1", "--trainer", trainer],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines: list[str] = []
+        down = threading.Event()
+
+        def read() -> None:  # up's output as it comes: the producer's line that the server
+            assert up.stdout is not None  # is down is what the restart waits for
+            for line in up.stdout:
+                lines.append(line)
+                if "model server" in line and "is down" in line:
+                    down.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
         try:
             deadline = time.monotonic() + 240
             while not (tmp_path / "first-batch").exists():
-                assert up.poll() is None, up.communicate()[0]
+                assert up.poll() is None, "".join(lines)
                 assert time.monotonic() < deadline, "no first batch"
                 time.sleep(0.1)
             server.kill()  # while the producers generate (async): their requests fail
             server.wait(10)
-            time.sleep(1.0)
+            assert down.wait(120), "".join(lines)  # a request failed: the restart was seen
             with running(argv, url, tmp_path / "server-2.log"):
                 (tmp_path / "restarted").write_text("1")
-                out, _ = up.communicate(timeout=300)
+                up.wait(timeout=300)
         finally:
             if up.poll() is None:
                 up.kill()
-                up.communicate()
+                up.wait()
+            reader.join(30)
+    out = "".join(lines)
     assert up.returncode == 0, out
     assert "Traceback" not in out
     summary = json.loads((tmp_path / "summary.json").read_text())
 
     # nothing lost, nothing doubled, across the restart
-    assert summary["batches"] == [16] * STEPS
-    assert len(set(summary["traj_ids"])) == len(summary["traj_ids"]) == 16 * STEPS
+    assert summary["batches"] == [BATCH] * STEPS
+    assert len(set(summary["traj_ids"])) == len(summary["traj_ids"]) == BATCH * STEPS
     assert summary["failed_groups"] == 0
-    assert "model server" in out and "is down" in out  # the restart was seen
 
     # what llama-server gives: ids in the logprob entries, logprobs, no prompt ids; a reply
     # whose character was split across tokens has merged entries: no ids or logprobs then
