@@ -1483,6 +1483,13 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{RESUME}::test_an_aborted_turn_resumes_from_its_tokens_never_doubled[vllm]",),
     ),
     Mutant(
+        "refit-latency-sum", "producers/policies/openai.py",
+        "            turn.latency_s = spent + answer.latency_s  # every request of the turn\n",
+        "            turn.latency_s = answer.latency_s\n",
+        "a turn asked again within sequence_length records both requests' latency",
+        ("tests/test_llm_sampling.py::test_a_reply_past_sequence_length_is_asked_again_within_it",),
+    ),
+    Mutant(
         "resume-piece-twice", "producers/llm/tito.py",
         "        self._append(last, version, source)\n        turn = Turn(",
         "        self._append(last, version, source)\n        self._append(last, version, "

@@ -133,8 +133,9 @@ def test_train_and_val_turns_send_their_modes_sampling(fake_llm) -> None:
 def test_a_reply_past_sequence_length_is_asked_again_within_it(fake_llm) -> None:
     """The stand-in's reply to this prompt is C tokens after a prompt of P: with
     sequence_length P + C - 3, ROLL would have let the reply have C - 3 tokens; the turn is
-    asked again with that cap (same request, same seed), and ends `length`."""
-    server = fake_llm()
+    asked again with that cap (same request, same seed), and ends `length`. Its latency is
+    both requests' (each waits the stand-in's 0.05 s), not the second's alone."""
+    server = fake_llm(latency_s=0.05)
     roomy, _ = one_turn(policy_config(server.base_url))
     prompt, reply = len(roomy.prompt_ids), len(roomy.response_ids)
     assert reply > 3
@@ -143,6 +144,7 @@ def test_a_reply_past_sequence_length_is_asked_again_within_it(fake_llm) -> None
     assert first["max_tokens"] == 96 and again["max_tokens"] == reply - 3
     assert first["seed"] == again["seed"] and first["messages"] == again["messages"]
     assert len(tight.response_ids) == reply - 3 and tight.finish_reason == "length"
+    assert tight.latency_s >= 2 * 0.05
     assert list(tight.prompt_ids) == list(roomy.prompt_ids)
     assert len(ctx.scratch["chat"]) == 3  # system, user, the reply: one turn
 

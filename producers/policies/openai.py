@@ -252,7 +252,9 @@ class OpenAIPolicy:
         answer = await self.pool.chat(request(ids, None), min_version=min_version,
                                       session=session)
         refit = sampled.refit(answer.data)  # ROLL's sequence_length (llm/sampling.py)
+        spent = 0.0  # requests of this turn before the answer (a refit's first)
         if refit is not None:
+            spent = answer.latency_s
             answer = await self.pool.chat(request(ids, refit), min_version=min_version,
                                           session=session)
         if ids is not None:
@@ -267,24 +269,25 @@ class OpenAIPolicy:
                 raise TurnAborted(f"model server {answer.server.base_url} aborted it",
                                   0 if turn.response_ids is None else len(turn.response_ids))
             turn, answer = await self._resume(turn, answer, ids, sampled, ctx, request,
-                                              min_version, session)
+                                              min_version, session, spent)
         turn.server = answer.server.base_url
         if turn.latency_s is None:  # (a resumed turn's is its pieces' sum)
-            turn.latency_s = answer.latency_s
+            turn.latency_s = spent + answer.latency_s  # every request of the turn
         return turn, answer
 
     async def _resume(self, turn: Turn, answer: Any, ids: list[int], sampled: Any,
                       ctx: StepContext, request: Request, min_version: int | None,
-                      session: str) -> tuple[Turn, Any]:
+                      session: str, spent: float = 0.0) -> tuple[Turn, Any]:
         """`in_flight: resume`: continue the turn the server aborted from the ids its answer
         carried (`producers.llm.tito.Resumed`) until an answer finishes it; the whole turn
         and that answer. Another abort is resumed too; one whose ids come from the
         tokenizer, not the server, cannot be (`TurnAborted`, every piece discarded); a
         continuation cut short or failed discards the pieces (counted, `aborted`). The
-        turn's `latency_s` is the sum of its pieces' requests."""
+        turn's `latency_s` is the sum of its pieces' requests (and `spent`, of requests before
+        the first piece: a refit's first)."""
         resumed = self._tito.Resumed.start(ids)
         resumed.add(turn, *_fallback_version(answer, ctx))
-        spent = answer.latency_s
+        spent += answer.latency_s
         try:
             while True:
                 left = resumed.left(sampled.fields()["max_tokens"])
