@@ -60,7 +60,9 @@ class LeaseLoop:
 
     @property
     def _stopping(self) -> bool:
-        return self.life.stop.is_set()
+        """Stopped, or out of `seconds`: no more claims (a claim pass may outlast the deadline
+        by a third of the lease ttl otherwise)."""
+        return self.life.stop.is_set() or self.life.out_of_time()
 
     def all_shards(self) -> list[ShardId]:
         return [(mode, s) for mode in self.config.modes()

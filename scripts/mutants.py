@@ -1490,6 +1490,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_llm_sampling.py::test_a_reply_past_sequence_length_is_asked_again_within_it",),
     ),
     Mutant(
+        "claims-stop-at-seconds", "producers/lease_loop.py",
+        "        return self.life.stop.is_set() or self.life.out_of_time()\n",
+        "        return self.life.stop.is_set()\n",
+        "`seconds` ends a producer midway through its claims, not after a whole claim pass",
+        ("tests/test_producer_seconds.py::test_seconds_ends_a_producer_midway_through_its_claims",),
+    ),
+    Mutant(
         "resume-piece-twice", "producers/llm/tito.py",
         "        self._append(last, version, source)\n        turn = Turn(",
         "        self._append(last, version, source)\n        self._append(last, version, "
