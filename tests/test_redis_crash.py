@@ -72,7 +72,7 @@ def test_redis_sigkill_mid_step_loses_and_doubles_nothing():
             if not proxy.held.wait(60):
                 return
             server.kill()  # mid-step: group 0's episode 2 was played, its commit is held
-            time.sleep(1.5)
+            time.sleep(0.5)  # down: every connection of both sides broke with the kill
             server.start()
             done.wait(120)  # PDEATHSIG follows the thread that started the server: stay
 
