@@ -295,7 +295,7 @@ class ModelServers:
             return f"model server {base_url}: loading version {version} failed: " \
                    f"{type(exc).__name__}: {text}"
         record = server_record(version, model, checkpoint=checkpoint,
-                               reports=self.method in ("sglang", "vllm"))
+                               reports=self.method in ("sglang", "vllm"), loaded_at=time.time())
         try:
             self.redis.hset(self.keys.servers, base_url, record)
         except redis_lib.RedisError as exc:

@@ -362,12 +362,14 @@ class ServerRecord:
     checkpoint: str | None = None  # what it loaded: loaded again if the server loses it
     reports: bool = False  # it reports the version in each answer (SGLang's `weight_version`,
     # set by the update): an answer reporting no version comes from weights it was not given
+    loaded_at: float | None = None  # the trainer's clock (Unix seconds) when it recorded the
+    # load: a server loaded again with the same version (after a restart) is a new record
 
 
 def server_record(version: int, model: str | None = None, *, checkpoint: str | None = None,
-                  reports: bool = False) -> str:
+                  reports: bool = False, loaded_at: float | None = None) -> str:
     """A `{RUN}:servers` value (see `ServerRecord`). JSON, readable with redis-cli:
-    `{"version": 7, "model": "rollstream-v7", "checkpoint": "/ckpt/7"}`."""
+    `{"version": 7, "model": "rollstream-v7", "checkpoint": "/ckpt/7", "loaded_at": ...}`."""
     record: dict[str, Any] = {"version": int(version)}
     if model is not None:
         record["model"] = model
@@ -375,6 +377,8 @@ def server_record(version: int, model: str | None = None, *, checkpoint: str | N
         record["checkpoint"] = checkpoint
     if reports:
         record["reports"] = True
+    if loaded_at is not None:
+        record["loaded_at"] = round(float(loaded_at), 6)
     return json.dumps(record, separators=(",", ":"))
 
 
@@ -385,10 +389,12 @@ def read_server_record(raw: bytes | str) -> ServerRecord | None:
         version = int(record["version"])
         model, checkpoint = record.get("model"), record.get("checkpoint")
         reports = record.get("reports") is True
+        loaded_at = record.get("loaded_at")
+        loaded_at = None if loaded_at is None else float(loaded_at)
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
     return ServerRecord(version, str(model) if model is not None else None,
-                        str(checkpoint) if checkpoint is not None else None, reports)
+                        str(checkpoint) if checkpoint is not None else None, reports, loaded_at)
 
 
 # -- talking to OpenAI-compatible servers (the producers' pool and the trainer's updates) ------

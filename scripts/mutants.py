@@ -444,8 +444,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "pool-retries-on-a-new-record", "producers/llm/servers.py",
-        "                if server.down:  # set aside for weights it lacked: try what it holds now",
-        "                if False:",
+        "                if server.down:  # set aside for weights it lacked (or lost in a restart,",
+        "                if False:  # (never)",
         "a set-aside server is tried at once when its record changes",
         ("tests/test_llm_pool.py::"
          "test_a_set_aside_server_is_tried_at_once_when_its_record_changes",),
@@ -1495,6 +1495,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return self.life.stop.is_set()\n",
         "`seconds` ends a producer midway through its claims, not after a whole claim pass",
         ("tests/test_producer_seconds.py::test_seconds_ends_a_producer_midway_through_its_claims",),
+    ),
+    Mutant(
+        "reload-tried-at-once", "producers/llm/servers.py",
+        "                record.version, record.model, record.reports, record.loaded_at)\n",
+        "                record.version, record.model, record.reports, server.loaded_at)\n",
+        "a server set aside and loaded again with the same version is tried at once",
+        ("tests/test_llm_pool.py::test_a_set_aside_server_is_tried_at_once_when_its_record_"
+         "changes",),
     ),
     Mutant(
         "resume-piece-twice", "producers/llm/tito.py",

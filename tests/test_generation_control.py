@@ -37,6 +37,7 @@ from rollstream.fake_llm import FakeLLMOptions, FakeLLMServer
 from rollstream.status.snapshot import snapshot
 from schemas.errors import ConfigError, ServerUpdateError
 from schemas.keys import Keys
+from schemas.policy import read_server_record
 
 fake_llm = pytest.fixture(fake_llm_factory)
 
@@ -555,9 +556,13 @@ def test_heal_asks_what_each_server_holds(fake_llm, r: redis.Redis, run: str) ->
         sglang.update(3, "/ckpt/3")
         assert calls == ["POST /update_weights_from_disk /ckpt/3"]
         assert sglang.heal() == {}  # both hold version 3
+        loaded = read_server_record(r.hget(Keys(run).servers, url)).loaded_at
         OlderSGLang.version = "default"  # restarted
         gone.stop()  # and this one is down
         assert sglang.heal() == {url: 3}
+        # recorded anew (producers that set it aside try it at once, not after a cooldown)
+        again = read_server_record(r.hget(Keys(run).servers, url))
+        assert again.version == 3 and again.loaded_at > loaded
         assert calls[-3:] == ["/model_info", "/get_weight_version",
                               "POST /update_weights_from_disk /ckpt/3"]
     finally:

@@ -319,8 +319,9 @@ def test_requests_and_failures_are_counted_for_the_metrics_page(fake_llm) -> Non
 
 
 def test_a_set_aside_server_is_tried_at_once_when_its_record_changes() -> None:
-    """A server set aside for an adapter it lacked (unloaded as the record moved on) gets its
-    next try as soon as the producer reads its new record, not after the cooldown."""
+    """A server set aside for an adapter it lacked (unloaded as the record moved on), or for
+    weights a restart lost, gets its next try as soon as the producer reads its new record
+    (a new version, or the same loaded again), not after the cooldown."""
     pool = ServerPool(["http://127.0.0.1:9/v1"])
     server = pool.servers[0]
     server.down, server.retry_at = True, time.monotonic() + 60
@@ -328,6 +329,13 @@ def test_a_set_aside_server_is_tried_at_once_when_its_record_changes() -> None:
     assert server.retry_at <= time.monotonic()
     server.retry_at = time.monotonic() + 60
     pool.set_versions({server.base_url: ServerRecord(3, "rollstream-v3")})  # no change
+    assert server.retry_at > time.monotonic() + 30
+    # a restarted server loaded again with the same version: a new record, tried at once
+    # (before, it waited out its cooldown, up to 5 s, after the trainer had healed it)
+    pool.set_versions({server.base_url: ServerRecord(3, "rollstream-v3", loaded_at=1.0)})
+    assert server.retry_at <= time.monotonic()
+    server.retry_at = time.monotonic() + 60
+    pool.set_versions({server.base_url: ServerRecord(3, "rollstream-v3", loaded_at=1.0)})
     assert server.retry_at > time.monotonic() + 30
 
 

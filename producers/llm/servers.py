@@ -62,6 +62,7 @@ class Server:
     model: str | None = None  # the model name requests name to get that version (None: the
     # pool's model; a LoRA adapter's name on vLLM)
     reports: bool = False  # recorded as reporting `weight_version` in each answer (SGLang)
+    loaded_at: float | None = None  # when its record's load was recorded (`ServerRecord`)
     down_reason: str = ""  # when down: why (the failure that set it aside)
     hung: bool = False  # down for a timeout: probed with `GET /models`, not with a turn
     # what the pool learnt of it (producers.llm.adapt): which server it is, its context
@@ -145,13 +146,13 @@ class ServerSet:
         self._run_loads = any(s.base_url in records for s in self.servers)
         for server in self.servers:
             record = records.get(server.base_url)
-            seen = (None, None, False) if record is None else (
-                record.version, record.model, record.reports)
-            if seen != (server.version, server.model, server.reports):
-                server.version, server.model, server.reports = seen
+            seen = (None, None, False, None) if record is None else (
+                record.version, record.model, record.reports, record.loaded_at)
+            if seen != (server.version, server.model, server.reports, server.loaded_at):
+                server.version, server.model, server.reports, server.loaded_at = seen
                 changed = True
-                if server.down:  # set aside for weights it lacked: try what it holds now
-                    server.retry_at = time.monotonic()
+                if server.down:  # set aside for weights it lacked (or lost in a restart,
+                    server.retry_at = time.monotonic()  # loaded again): try what it holds now
         if changed and self._changed is not None:
             self._changed.set()
         return changed
