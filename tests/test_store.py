@@ -92,9 +92,9 @@ def test_a_recorded_train_run_round_trips_through_export_and_replays(
     first = lines[0]["trajectory"]
     assert first["steps"] == json.loads(json.dumps(batches[0].trajectories[0]["steps"]))
     assert lines[0]["batch_metrics"] == batches[0].metrics
-    stdout = run_cli("export", str(files[1]))  # one file, to stdout
+    stdout = run_cli_here("export", str(files[1]))  # one file, to stdout
     assert stdout.returncode == 0 and len(stdout.stdout.splitlines()) == 16
-    replay = run_cli("replay", str(folder))
+    replay = run_cli_here("replay", str(folder))
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert "replayed 48 trajectories" in replay.stdout and "identical" in replay.stdout
 
@@ -111,7 +111,7 @@ def test_a_replayed_sokoban_run_is_identical_and_a_tampered_one_differs(
     trajs = read_batch(file).trajectories
     assert trajs[0]["tag"] == "SimpleSokoban"
     a, b = [i for i, t in enumerate(trajs) if len(t["steps"]) >= 3][:2]  # two long episodes
-    same = run_cli("replay", str(file))
+    same = run_cli_here("replay", str(file))
     assert same.returncode == 0, same.stdout + same.stderr
     assert "identical" in same.stdout
 
@@ -132,7 +132,7 @@ def test_a_replayed_sokoban_run_is_identical_and_a_tampered_one_differs(
             else np.flip(grid).copy()
 
     rewrite(file, observation)
-    moved = run_cli("replay", str(file))
+    moved = run_cli_here("replay", str(file))
     assert moved.returncode == 1
     traj_id = trajs[b]["traj_id"]
     assert f"{traj_id} step 1: observation differs" in moved.stdout
@@ -208,7 +208,7 @@ def test_a_crash_mid_write_leaves_no_partial_batch_file(tmp_path):
     assert names[1:] == ["batch-000000-train.parquet"]
     assert [f.name for f in batch_files(folder)] == ["batch-000000-train.parquet"]
     assert len(Batcher.from_records(folder).get_batch()) == 2
-    assert run_cli("export", str(folder)).returncode == 0
+    assert run_cli_here("export", str(folder)).returncode == 0
 
 
 def test_the_staleness_distribution_counts_each_lag():
@@ -306,7 +306,7 @@ def test_an_llm_run_replays_from_its_recorded_replies_without_the_server(
     [file] = batch_files(folder)
     trajs = read_batch(file).trajectories
     assert all(isinstance(s.get("response"), str) for t in trajs for s in t["steps"])
-    out = run_cli("replay", str(folder))
+    out = run_cli_here("replay", str(folder))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "replayed 16 trajectories" in out.stdout and "identical" in out.stdout
 
