@@ -11,8 +11,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import redis
-from helpers import ProducerThread, publish, small_config, wait_for
-from helpers import run_cli as cli
+from helpers import ProducerThread, publish, run_cli_here, small_config, wait_for
 from proxy import RedisProxy
 
 from consumer import Batcher
@@ -179,19 +178,19 @@ def test_producers_that_outlived_their_runs_config_can_still_be_stopped():
         wait_for(lambda: client.zcard("{orphan}:producers") == 1,
                  what="the producer's heartbeat in the new Redis")
         assert not client.exists("{orphan}:config")
-        status = cli("status", "--redis-url", url, "--run", "orphan")
+        status = run_cli_here("status", "--redis-url", url, "--run", "orphan")
         assert status.returncode == 1
         assert "has 1 live producer(s)" in status.stderr and "no config at" in status.stderr
         assert "rollstream stop --run orphan" in status.stderr
-        paused = cli("pause", "--redis-url", url, "--run", "orphan")
+        paused = run_cli_here("pause", "--redis-url", url, "--run", "orphan")
         assert paused.returncode == 0 and "['operator']" in paused.stdout
-        assert ", paused: operator) but no config" in cli(
+        assert ", paused: operator) but no config" in run_cli_here(
             "status", "--redis-url", url, "--run", "orphan").stderr
-        stopped = cli("stop", "--redis-url", url, "--run", "orphan")
+        stopped = run_cli_here("stop", "--redis-url", url, "--run", "orphan")
         assert stopped.returncode == 0, stopped.stderr
         producer.thread.join(20)
         assert producer.result == [0]
-        gone = cli("status", "--redis-url", url, "--run", "orphan")
+        gone = run_cli_here("status", "--redis-url", url, "--run", "orphan")
         assert gone.returncode == 1 and "does not exist here" in gone.stderr
 
 
