@@ -109,6 +109,8 @@ class ControlWatcher:
             int(val_round or 0),
             bool(stop),
         )
+        if self.state.stopped:  # the lease loop ends the producer now, not at its next beat
+            self.leases_changed.set()
 
     async def run(self, stop: asyncio.Event, backoff: Backoff) -> None:
         listener = asyncio.ensure_future(self._listen(stop))

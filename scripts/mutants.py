@@ -1494,7 +1494,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return self.life.stop.is_set() or self.life.out_of_time()\n",
         "        return self.life.stop.is_set()\n",
         "`seconds` ends a producer midway through its claims, not after a whole claim pass",
-        ("tests/test_producer_seconds.py::test_seconds_ends_a_producer_midway_through_its_claims",),
+        ("tests/test_producer_ends.py::test_seconds_ends_a_producer_midway_through_its_claims",),
     ),
     Mutant(
         "reload-tried-at-once", "producers/llm/servers.py",
@@ -1503,6 +1503,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "a server set aside and loaded again with the same version is tried at once",
         ("tests/test_llm_pool.py::test_a_set_aside_server_is_tried_at_once_when_its_record_"
          "changes",),
+    ),
+    Mutant(
+        "stop-wakes-lease-loop", "producers/control.py",
+        "        if self.state.stopped:  # the lease loop ends the producer now, not at its next beat\n"
+        "            self.leases_changed.set()\n",
+        "",
+        "a run's stop ends a producer at once, not at its next lease beat",
+        ("tests/test_producer_ends.py::test_a_runs_stop_ends_a_producer_before_its_next_lease_"
+         "beat",),
     ),
     Mutant(
         "resume-piece-twice", "producers/llm/tito.py",
