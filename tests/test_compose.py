@@ -108,6 +108,7 @@ def test_services_run_as_local_processes(password_redis_port):
     r = redis.Redis(port=password_redis_port, password=PASSWORD)
     producer = subprocess.Popen(service_cmd("producer"), cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    healthy: subprocess.Popen | None = None
     try:
         # the service's command with tiny budgets: 3 steps, no stand-in training time
         trainer = subprocess.run([*service_cmd("trainer"), "--steps", "3", *NO_TRAIN_TIME],
@@ -115,8 +116,14 @@ def test_services_run_as_local_processes(password_redis_port):
                                  capture_output=True, text=True, timeout=120)
         assert trainer.returncode == 0, trainer.stderr
         assert len([x for x in trainer.stdout.splitlines() if x.startswith("step")]) == 3
+        # the healthcheck runs beside the trainers: the producer has joined (it made the
+        # trajectories of those 3 steps) and stays live until the stop below
+        healthy = subprocess.Popen(service_cmd("producer") + ["--check"], cwd=ROOT, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         r.sadd("{exp1}:pause", "operator")  # the trainer times out: exit 1, nothing stopped
-        timed_out = subprocess.run([*service_cmd("trainer"), "--timeout-s", "1",
+        # paused, the producers commit no train step: a wait of any length ends in
+        # BatchTimeout (a short one sooner)
+        timed_out = subprocess.run([*service_cmd("trainer"), "--timeout-s", "0.2",
                                     *NO_TRAIN_TIME], cwd=ROOT,
                                    env=env, capture_output=True, text=True, timeout=120)
         assert timed_out.returncode == 1 and "BatchTimeout" in timed_out.stderr
@@ -126,20 +133,20 @@ def test_services_run_as_local_processes(password_redis_port):
                                cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stderr
-        assert "live producer(s) on this host" in subprocess.run(
-            service_cmd("producer") + ["--check"], cwd=ROOT, env=env, capture_output=True,
-            text=True, timeout=60).stdout
+        assert "live producer(s) on this host" in healthy.communicate(timeout=60)[0]
+        assert producer.poll() is None  # it was live all along, the healthcheck's time too
         stop = subprocess.run([sys.executable, "-m", "rollstream", "stop"], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=60)
         assert stop.returncode == 0 and "1 live producer(s) exit now" in stop.stdout
+        # started after the stop: says so (while the first producer exits)
+        late = subprocess.run(service_cmd("producer"), cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert late.returncode == 0 and "run exp1 was stopped" in late.stdout + late.stderr
         out, _ = producer.communicate(timeout=30)
         assert producer.returncode == 0, out
         check = subprocess.run(service_cmd("producer") + ["--check"], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=60)
         assert check.returncode == 1  # healthcheck: no live producer on this host now
-        late = subprocess.run(service_cmd("producer"), cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=60)  # started after the stop: says so
-        assert late.returncode == 0 and "run exp1 was stopped" in late.stdout + late.stderr
         # the password is in no output and no key of the run
         for text in (out, late.stdout, late.stderr, trainer.stdout, trainer.stderr,
                      stop.stdout, timed_out.stderr):
@@ -148,9 +155,10 @@ def test_services_run_as_local_processes(password_redis_port):
             if r.type(key) == b"string":
                 assert PASSWORD.encode() not in r.get(key)
     finally:
-        if producer.poll() is None:
-            producer.send_signal(signal.SIGKILL)
-            producer.communicate(timeout=10)
+        for proc in (producer, healthy):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.communicate(timeout=10)
         r.close()
 
 

@@ -22,6 +22,7 @@ from helpers import (
     blocked_in_xreadgroup,
     clean_env,
     get_batch_in_thread,
+    run_cli_here,
     small_config,
     wait_for,
 )
@@ -31,6 +32,7 @@ from consumer import Batcher
 from producers.policies import StepContext
 from producers.policies.random import RandomPolicy
 from schemas.codec import unpack
+from schemas.config import RolloutConfig
 from schemas.errors import BatchTimeout, ConfigError, RunConflict, StepExhausted, VersionConflict
 from schemas.keys import Keys
 from schemas.redisconn import server_ms
@@ -51,15 +53,18 @@ def test_a_run_reused_with_another_layout_is_refused_and_reset_clears_it(r, run,
     line = switched.stderr.strip()
     assert "\n" not in line and "async_generation_ratio 1 -> 0" in line
     assert f"rollstream reset --run {run}" in line
-    refused = cli("reset", *url)  # not a terminal: no silent deletion
+    # reset starts nothing: in this process (`run_cli_here`), without a Python start each
+    refused = run_cli_here("reset", *url)  # not a terminal: no silent deletion
     assert refused.returncode == 2 and "--yes" in refused.stderr
     assert r.exists(Keys(run).config)
-    reset = cli("reset", "--yes", *url)
+    reset = run_cli_here("reset", "--yes", *url)
     assert reset.returncode == 0 and "keys deleted" in reset.stdout, reset.stderr
     assert not list(r.scan_iter(match=Keys(run).pattern()))
-    fresh = cli("up", "--config", "configs/frozenlake_sync.yaml", "--steps", "1",
-                "--producers", "1", *url)
-    assert fresh.returncode == 0, fresh.stderr
+    # the refused layout now starts the run: a Batcher, where `up` met the refusal; with no
+    # key of the run left, what `up` does next is any fresh run's (the other `up` tests)
+    Batcher(r, RolloutConfig.from_yaml(Path(ROOT) / "configs/frozenlake_sync.yaml"),
+            run=run).close()
+    assert r.get(Keys(run).version) == b"0"
 
 
 def test_reset_of_a_run_named_with_glob_characters_deletes_only_that_run(r, run, redis_url):
@@ -70,7 +75,7 @@ def test_reset_of_a_run_named_with_glob_characters_deletes_only_that_run(r, run,
     Batcher(r, small_config(), run=starred).close()
     mine = set(r.scan_iter(match=Keys(run).pattern()))
     assert Keys(run).config.encode() in mine
-    out = cli("reset", "--yes", "--redis-url", redis_url, "--run", starred)
+    out = run_cli_here("reset", "--yes", "--redis-url", redis_url, "--run", starred)
     assert out.returncode == 0, out.stderr
     assert set(r.scan_iter(match=Keys(run).pattern())) == mine  # untouched
     assert not r.exists(Keys(starred).config)
@@ -116,13 +121,13 @@ def test_stale_heartbeats_do_not_count_as_live_producers(r, run, redis_url):
     r.zadd(keys.producers, {"dead-producer": server_ms(r, keys.producers) - 60_000})  # expired
     with pytest.raises(BatchTimeout, match="live producers: 0"):
         batcher.get_batch("train", timeout_s=0.2)
-    status = cli("status", "--redis-url", redis_url, "--run", run)
+    status = run_cli_here("status", "--redis-url", redis_url, "--run", run)
     assert "live producers 0" in status.stdout, status.stdout + status.stderr
 
 
 def test_operator_commands_refuse_a_run_that_does_not_exist(r, run, redis_url):
     for command in ("pause", "resume", "status", "stop"):
-        out = cli(command, "--redis-url", redis_url, "--run", run)
+        out = run_cli_here(command, "--redis-url", redis_url, "--run", run)
         assert out.returncode == 1, command
         assert f"run {run!r} does not exist" in out.stderr
     assert not list(r.scan_iter(match=Keys(run).pattern()))  # no key made for a typo
