@@ -236,6 +236,13 @@ def pending(r, keys: Keys, group: int) -> int:
     return r.xpending(keys.stream("train", group), CONSUMER_GROUP)["pending"]
 
 
+def read_once(batcher: Batcher, n: int) -> None:
+    """One get_batch that reads once without waiting (timeout 0) and finds too few complete
+    groups: what was in the streams is read (and held, or dropped), nothing handed out."""
+    with pytest.raises(BatchTimeout):
+        batcher.get_batch(n=n, timeout_s=0)
+
+
 def test_a_group_completed_over_several_reads_is_delivered_only_when_whole(r, run):
     config = batcher_config()
     keys = Keys(run)
@@ -254,8 +261,7 @@ def test_groups_completing_out_of_order_are_delivered_oldest_episode_first(r, ru
     keys = Keys(run)
     batcher = Batcher(r, config, run=run)
     add_group(r, keys, "train", 0, 1, group_size=4)  # group 0's episode 1 completes first
-    with pytest.raises(BatchTimeout):
-        batcher.get_batch(n=8, timeout_s=0.3)
+    read_once(batcher, n=8)
     assert pending(r, keys, 0) == 4  # read and held, waiting for a second group
     add_group(r, keys, "train", 1, 0, group_size=4)  # an older episode completes later
     batch = batcher.get_batch(n=8, timeout_s=5)
@@ -267,8 +273,11 @@ def test_an_older_group_completed_in_redis_goes_before_a_newer_one_already_held(
     keys = Keys(run)
     batcher = Batcher(r, config, run=run)
     add_group(r, keys, "train", 0, 1, group_size=4)
+    # read while waiting (not `read_once`: the one read of a get_batch that may not wait is
+    # the read this test's guard makes before a hand-out)
     with pytest.raises(BatchTimeout):
         batcher.get_batch(n=8, timeout_s=0.3)
+    assert pending(r, keys, 0) == 4  # read and held
     add_group(r, keys, "train", 1, 0, group_size=4)
     first = batcher.get_batch(n=4, timeout_s=5)
     assert set(first.traj_group_ids) == {"train-1-0"}
@@ -287,10 +296,9 @@ def hand_out_then_die(r, run: str) -> list[str]:
     """A trainer gets group 1's episode 0 while group 0's episode 0 is complete and pending
     too (read in the same read, not handed out), then dies before ack."""
     keys = Keys(run)
-    trainer = Batcher(r, batcher_config(), run=run, consumer="trainer", alive_ttl_ms=1000)
+    trainer = Batcher(r, batcher_config(), run=run, consumer="trainer", alive_ttl_ms=300)
     add_trajectory(r, keys, "train", 1, 0, 0, group_size=4)  # group 1 is seen first
-    with pytest.raises(BatchTimeout):
-        trainer.get_batch(n=4, timeout_s=0.3)
+    read_once(trainer, n=4)
     add_group(r, keys, "train", 0, 0, group_size=4)
     add_group(r, keys, "train", 1, 0, group_size=4, members=[1, 2, 3])
     batch = trainer.get_batch(n=4, timeout_s=5)
@@ -305,13 +313,14 @@ def test_a_restarted_batcher_hands_out_its_batch_in_flight_first(r, run, other_r
     hand_out_then_die(r, other_run)
     r.delete(Keys(other_run).inflight("train", "trainer"))
     # (a short ttl: each restart waits out its previous life's key, as a restarted process
-    # within the ttl does)
+    # within the ttl does; nothing else takes the name, so a key that lapsed on a loaded
+    # machine is only a shorter wait)
     without_record = Batcher(r, batcher_config(), run=other_run, consumer="trainer",
-                             alive_ttl_ms=1000)
+                             alive_ttl_ms=300)
     assert set(without_record.get_batch(n=4, timeout_s=5).traj_group_ids) == {"train-0-0"}
 
     in_flight = hand_out_then_die(r, run)
-    restarted = Batcher(r, batcher_config(), run=run, consumer="trainer", alive_ttl_ms=1000)
+    restarted = Batcher(r, batcher_config(), run=run, consumer="trainer", alive_ttl_ms=300)
     again = restarted.get_batch(n=4, timeout_s=5)
     assert again.traj_ids == in_flight
     restarted.ack(again)
@@ -327,13 +336,11 @@ def test_the_batcher_drops_trajectories_that_arrive_already_stale(r, run):
     publish(batcher)
     publish(batcher)  # version 2: episode 0 (step 0) is expired
     add_group(r, keys, "train", 0, 0, group_size=4)
-    with pytest.raises(BatchTimeout):
-        batcher.get_batch(n=4, timeout_s=0.3)
+    read_once(batcher, n=4)
     assert batcher.totals["scheduler/stale_dropped"] == 4
     # episode 2 is live at version 2, but these started at version 0: 2 versions stale
     add_group(r, keys, "train", 1, 2, group_size=4, version_start=0)
-    with pytest.raises(BatchTimeout):
-        batcher.get_batch(n=4, timeout_s=0.3)
+    read_once(batcher, n=4)
     assert batcher.totals["scheduler/stale_dropped"] == 8
     assert stream_lengths(r, keys, config) == [0, 0, 0, 0]  # dropped = acked and deleted
     add_group(r, keys, "train", 2, 2, group_size=4, version_start=1)
@@ -357,8 +364,7 @@ def test_thousands_of_entries_dropped_at_once_are_all_acked_and_deleted(r, run):
         msg = trajectory("train", group, 0, i % 4, group_size=4)
         pipe.xadd(keys.stream("train", group), {ENTRY_FIELD: encode_trajectory(msg)})
     pipe.execute()
-    with pytest.raises(BatchTimeout):
-        batcher.get_batch(n=4, timeout_s=0.5)
+    read_once(batcher, n=4)  # one read of up to read_count entries a stream: all of them
     assert batcher.totals["scheduler/stale_dropped"] == 9000
     assert stream_lengths(r, keys, config) == [0, 0, 0, 0]
     assert pending(r, keys, 0) == pending(r, keys, 1) == 0

@@ -13,6 +13,8 @@ import threading
 import time
 import weakref
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgpack
@@ -199,7 +201,9 @@ def test_restarted_batcher_gets_the_same_batch_again(r, run, producer_thread):
     batcher = Batcher(r, config, run=run, alive_ttl_ms=1000)
     producer_thread()
     first = batcher.get_batch("train", timeout_s=20)
-    time.sleep(0.5)  # more groups complete meanwhile
+    # more groups complete meanwhile: every episode admitted (2 per env) is in the streams
+    wait_for(lambda: sum(stream_lengths(r, Keys(run), config)) == 2 * 16,
+             what="every admitted episode committed")
     del batcher  # the trainer dies before ack
     again = Batcher(r, config, run=run, alive_ttl_ms=1000).get_batch("train", timeout_s=20)
     assert again.traj_ids == first.traj_ids
@@ -232,6 +236,47 @@ def pending_traj_ids(r, keys: Keys, config, consumer: str) -> set[str]:
     return out
 
 
+def pttl_rises(r, key: str) -> Callable[[], bool]:
+    """A `wait_for` predicate: true once `key`'s PTTL is higher than at the look before, which
+    only a write does (a heartbeat refreshing it): left alone, a key's PTTL only counts down."""
+    last = [r.pttl(key)]
+
+    def rose() -> bool:
+        now = r.pttl(key)
+        up, last[0] = now > last[0], now
+        return up
+
+    return rose
+
+
+@contextmanager
+def asking(batcher: Batcher) -> Iterator[list[set[str]]]:
+    """`batcher` asks for train batches on a thread until the block ends, acking each: a batch
+    of fresher groups may come, and ends a call, so it keeps asking, and its looks for dead
+    batchers' entries go on however slow this machine is. Yields the traj_ids of each batch
+    it was handed (complete once the block has ended: the thread ends its call first)."""
+    handed: list[set[str]] = []
+    done = threading.Event()
+
+    def keep_asking() -> None:
+        while not done.is_set():
+            try:
+                batch = batcher.get_batch("train", timeout_s=1)
+            except BatchTimeout:
+                continue
+            handed.append(set(batch.traj_ids))
+            batcher.ack(batch)
+
+    thread = threading.Thread(target=keep_asking)
+    thread.start()
+    try:
+        yield handed
+    finally:
+        done.set()
+        thread.join(30)
+        assert not thread.is_alive(), "the asking batcher's get_batch did not end"
+
+
 KEEPS_A_BATCH = """
 import json, sys, time
 from consumer import Batcher
@@ -248,8 +293,11 @@ def test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is(
         r, run, redis_url, producer_thread):
     """Two batchers on the same groups, claims at any idle time: while the first one's
     process lives (training for longer than claim_idle_ms), the second never takes its
-    unacked batch; once it is SIGKILLed and its liveness key expires, a batcher claims it."""
+    unacked batch, however long it looks; once it is SIGKILLed and its liveness key expires,
+    a batcher claims it."""
     config = small_config(async_generation_ratio=1)  # two episodes admitted per env at once
+    keys = Keys(run)
+    alive = keys.batcher_alive("old-trainer")
     producer_thread()
     old = subprocess.Popen([sys.executable, "-c", KEEPS_A_BATCH, redis_url, run,
                             config.to_json()], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -258,23 +306,29 @@ def test_a_live_batchers_batch_is_never_claimed_and_a_killed_ones_is(
         assert len(first) == 16
         # held unacked by a live batcher (the batch is 4 complete groups, two of them maybe
         # episodes of one group and so of one stream; its read may hold more)
-        assert set(first) <= pending_traj_ids(r, Keys(run), config, "old-trainer")
-        time.sleep(1.0)  # longer than its 600 ms ttl: the key is there only if refreshed
-        assert r.exists(Keys(run).batcher_alive("old-trainer"))
+        assert set(first) <= pending_traj_ids(r, keys, config, "old-trainer")
+        # while it trains (get_batch has returned) its key is refreshed, not only written
+        # by get_batch: seen as its PTTL going up
+        wait_for(pttl_rises(r, alive), what="a heartbeat of the training batcher")
+        # block_ms: a look for dead batchers after every read, at least every 0.1 s
         new = Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0,
-                      alive_ttl_ms=600)  # would claim after 0.6 s of a missing key
-        try:
-            second: list[str] = new.get_batch("train", timeout_s=5).traj_ids
-        except BatchTimeout:  # the old batcher's read took (and holds) fresher groups too
-            second = []
-        assert not set(second) & set(first)
+                      alive_ttl_ms=600, block_ms=100)  # would claim after 0.6 s of a missing key
+        grace_s = new.alive_ttl_ms / 1000
+        with asking(new) as handed:
+            first_look = wait_for(lambda: new._claims.last_claim, what="a look of the second")
+            # looks over more than its grace: one that took the old batcher for dead (a key
+            # missing, or not looked at) would have claimed its batch by the last of them
+            wait_for(lambda: new._claims.last_claim > first_look + grace_s,
+                     what="looks of the second over more than its grace")
+        assert not any(ids & set(first) for ids in handed), "a live batcher's batch was claimed"
+        assert set(first) <= pending_traj_ids(r, keys, config, "old-trainer")  # still its own
+        assert r.exists(alive)
     finally:
         old.kill()
         old.wait(10)
-    wait_for(lambda: not r.exists(Keys(run).batcher_alive("old-trainer")),
-             what="the killed batcher's liveness key to expire")
+    wait_for(lambda: not r.exists(alive), what="the killed batcher's liveness key to expire")
     third = Batcher(r, config, run=run, consumer="third-trainer", claim_idle_ms=0,
-                    alive_ttl_ms=600)
+                    alive_ttl_ms=600, block_ms=100)  # claims after 0.6 s of a missing key
     assert sorted(third.get_batch("train", timeout_s=20).traj_ids) == sorted(first)
     assert r.exists(Keys(run).batcher_alive("new-trainer"))  # still alive: not claimed
     new.close()
@@ -301,25 +355,14 @@ def test_a_batcher_whose_key_lapsed_in_an_outage_keeps_its_batch(
         proxy.hold(alive.encode())
         assert proxy.held.wait(10)  # its next beat waits in the proxy, unsent
         wait_for(lambda: not r.exists(alive), what="the cut-off batcher's key to lapse")
+        # block_ms: a look for dead batchers after every read, at least every 0.1 s. The ttl
+        # is its grace: from its look that finds no key, through the release below, to its
+        # look that finds the key again took at most 0.15 s in five runs beside four CPU
+        # hogs on two cores; 1.5 s is ten times that
         new = Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0,
-                      alive_ttl_ms=3000)
-        # it keeps asking (a batch of fresher groups may come, and ends a call) so that its
-        # looks go on through the release below, however slow this machine is
-        handed: list[set[str]] = []
-        done = threading.Event()
-
-        def keep_asking() -> None:
-            while not done.is_set():
-                try:
-                    batch = new.get_batch("train", timeout_s=1)
-                except BatchTimeout:
-                    continue
-                handed.append(set(batch.traj_ids))
-                new.ack(batch)
-
-        thread = threading.Thread(target=keep_asking)
-        thread.start()
-        try:
+                      alive_ttl_ms=1500, block_ms=100)
+        # its looks go on through the release below, however slow this machine is
+        with asking(new) as handed:
             wait_for(lambda: suspect in new._claims.suspects, what="a look that finds no key")
             proxy.release()
             wait_for(lambda: r.exists(alive), what="the held beat to land")
@@ -327,9 +370,6 @@ def test_a_batcher_whose_key_lapsed_in_an_outage_keeps_its_batch(
             wait_for(lambda: any(ids & first for ids in handed) or (
                 new._claims.last_claim > landed and suspect not in new._claims.suspects),
                 what="a look that finds the key again")
-        finally:
-            done.set()
-            thread.join(30)
         assert not any(ids & first for ids in handed), "a live batcher's batch was claimed"
     finally:
         old.kill()
@@ -379,16 +419,19 @@ def test_a_trainer_restarted_within_the_ttl_waits_for_its_previous_lifes_key(r, 
     config = small_config()
     producer_thread()
     script = KEEPS_A_BATCH.replace('consumer="old-trainer",\n                  alive_ttl_ms=600',
-                                   "alive_ttl_ms=3000")  # the default name: batcher-0
+                                   "alive_ttl_ms=1500")  # the default name: batcher-0
     assert script != KEEPS_A_BATCH
+    alive = Keys(run).batcher_alive("batcher-0")
     old = subprocess.Popen([sys.executable, "-c", script, redis_url, run, config.to_json()],
                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         first = set(json.loads(old.stdout.readline()))
+        # killed just after a beat: its key has nearly the whole ttl left, however late
+        # a loaded machine runs its beats
+        wait_for(pttl_rises(r, alive), what="a heartbeat of the trainer")
     finally:
         old.kill()
         old.wait(10)
-    alive = Keys(run).batcher_alive("batcher-0")
     assert r.pttl(alive) > 500  # its previous life's key, not refreshed any more
     with Batcher(r, config, run=run) as restarted:
         assert set(restarted.get_batch(timeout_s=30).traj_ids) == first
@@ -400,7 +443,8 @@ from consumer import Batcher
 from schemas.config import RolloutConfig
 from schemas.errors import BatcherConflict
 url, run, config = sys.argv[1:4]
-batcher = Batcher(url, RolloutConfig.from_json(config), run=run, alive_ttl_ms=1500)
+# a short ttl: the test waits it out once frozen; no other batcher is there before
+batcher = Batcher(url, RolloutConfig.from_json(config), run=run, alive_ttl_ms=600)
 batch = batcher.get_batch("train", timeout_s=20)
 print(json.dumps(batch.traj_ids), flush=True)
 sys.stdin.readline()  # (SIGSTOPped here, then continued) the train step ends
@@ -453,7 +497,11 @@ from consumer import Batcher
 from schemas.config import RolloutConfig
 from schemas.errors import BatcherConflict
 url, run, config = sys.argv[1:4]
-batcher = Batcher(url, RolloutConfig.from_json(config), run=run, alive_ttl_ms=1500)
+# the test waits the ttl out once frozen. A read blocked when it froze goes on in Redis for
+# up to block_ms, into the name's pending entries, guard or no guard: block_ms is well
+# within the ttl (the other takes the name at least 2/3 of a ttl after the freeze)
+batcher = Batcher(url, RolloutConfig.from_json(config), run=run, alive_ttl_ms=1000,
+                  block_ms=100)
 try:
     batcher.get_batch("train", timeout_s=60)
     print("handed", flush=True)
@@ -617,13 +665,17 @@ def test_a_rank_that_does_not_publish_waits_for_the_one_that_does(r, run, produc
     episodes."""
     config = small_config(rollout_batch_size=8, async_generation_ratio=ratio)
     rank0 = Batcher(r, config, run=run, index=0, count=2, consumer="rank0")
-    rank1 = Batcher(r, config, run=run, index=1, count=2, consumer="rank1")
+    # block_ms: rank 1 learns of the publish at a look between reads; it hands out after the
+    # read that follows, at most 0.1 s on
+    rank1 = Batcher(r, config, run=run, index=1, count=2, consumer="rank1", block_ms=100)
     producer_thread()
     for _ in range(ratio + 1):  # every episode admitted at version 0
         rank1.ack(rank1.get_batch("train", timeout_s=20))
+    state = rank1._shared.modes["train"]
+    # as after a train step longer than LOOK_EVERY_S: its next wait looks at its envs at once
+    state.looked_at = 0.0
     asked = time.monotonic()
     ahead, result = get_batch_in_thread(rank1, timeout_s=30)
-    state = rank1._shared.modes["train"]
     wait_for(lambda: result or state.looked_at >= asked, what="rank 1 to look at its envs")
     wait_for(lambda: result or blocked_in_xreadgroup(r), what="rank 1 waiting in a read")
     assert not result, result  # no StepExhausted: it looked, and waits for the publish
@@ -741,8 +793,9 @@ def test_a_sync_batch_held_by_a_killed_batcher_goes_to_another_consumer(r, run, 
         old.kill()
         old.wait(10)
     assert r.exists(Keys(run).batcher_alive("old-trainer"))  # not expired yet
+    # the holder is dead for sure: its grace can be short; block_ms: a look every 0.1 s
     with Batcher(r, config, run=run, consumer="new-trainer", claim_idle_ms=0,
-                 alive_ttl_ms=1000) as new:
+                 alive_ttl_ms=600, block_ms=100) as new:
         assert sorted(new.get_batch("train", timeout_s=20).traj_ids) == sorted(first)
 
 
@@ -886,12 +939,14 @@ def test_a_short_ttl_beat_does_not_expire_the_heartbeat_set_under_a_long_one(r, 
 
 
 def test_a_claim_longer_than_the_lease_ttl_loses_no_lease(r, run, producer_thread, caplog):
-    # 30 shards of 4 envs that take 25 ms each to build: claiming them all takes 3 s or more,
-    # past the 2 s lease ttl, so the first leases expire unless heartbeats come in between
+    # 24 shards of 4 envs that take 25 ms each to build: claiming them all takes 2.4 s or
+    # more (sleeps: a loaded machine only makes it longer), past the 2 s lease ttl, so the
+    # first leases expire unless heartbeats come in between. The ttl itself is what a
+    # heartbeat a third of it apart must land within, on a loaded machine too.
     config = small_config(
         lease_ttl_s=2.0, rollout_batch_size=8, async_generation_ratio=1,
         custom_envs={"Slow": {"env_id": SLOW_BUILD_ENV_ID}},
-        train_env_manager={"max_env_num_per_worker": 4, "num_env_groups": 60,
+        train_env_manager={"max_env_num_per_worker": 4, "num_env_groups": 48,
                            "group_size": 2, "tags": ["Slow"]},
         val_env_manager=None)
     keys = Keys(run)
@@ -905,7 +960,10 @@ def test_a_claim_longer_than_the_lease_ttl_loses_no_lease(r, run, producer_threa
     wait_for(lambda: r.mget(lease_keys) == [pid.encode()] * shards, timeout_s=60,
              what=f"all {shards} leases")
     assert time.monotonic() - started > config.lease_ttl_s  # the claim outlasted a ttl
-    time.sleep(config.lease_ttl_s)  # and commits went on past the last claim
+    # two heartbeats more: the first to start after the last claim renews every lease held
+    # and finds any that expired meanwhile lost (the one under way may have started before)
+    beats = thread.producer.heartbeats
+    wait_for(lambda: thread.producer.heartbeats >= beats + 2, what="two heartbeats more")
     lost = [rec.getMessage() for rec in caplog.records if "lost" in rec.getMessage()]
     assert not lost, lost[:3]
     assert thread.producer.stats.refused[("train", "lease_lost")] == 0
