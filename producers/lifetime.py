@@ -70,7 +70,9 @@ class Lifetime:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
     async def sleep(self, seconds: float) -> None:
-        """Sleep `seconds`, or less when the stop comes first."""
+        """Sleep `seconds`, or less when the stop or the deadline comes first."""
+        if self.deadline is not None:
+            seconds = max(0.0, min(seconds, self.deadline - time.monotonic()))
         try:
             await within(self.stop.wait(), seconds)
         except TimeoutError:

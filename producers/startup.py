@@ -55,7 +55,7 @@ class Startup:
             except REDIS_ERRORS as exc:
                 self._refuse_setup(exc)
                 await backoff.sleep(f"cannot read the config at {mask_url(self.redis_url)}: "
-                                    f"{exc}")
+                                    f"{exc}", life.sleep)
         return None
 
     def _refuse_setup(self, exc: BaseException) -> None:
@@ -81,7 +81,7 @@ class Startup:
                 backoff.reset()
             except REDIS_ERRORS as exc:
                 self._refuse_setup(exc)
-                await backoff.sleep(f"cannot read the config at {where}: {exc}")
+                await backoff.sleep(f"cannot read the config at {where}: {exc}", life.sleep)
                 continue
             if raw is not None:
                 return RolloutConfig.from_json(raw)

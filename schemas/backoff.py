@@ -6,6 +6,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +30,13 @@ class Backoff:
         self.failures += 1
         return delay * random.uniform(0.5, 1.0)
 
-    async def sleep(self, reason: str) -> None:
+    async def sleep(self, reason: str,
+                    sleeper: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """Wait the next delay with `sleeper` (a producer's `Lifetime.sleep`: cut short by its
+        stop and its deadline)."""
         delay = self.next_delay()
         logger.warning("%s: %s; retrying in %.2fs", self.name, reason, delay)
-        await asyncio.sleep(delay)
+        await sleeper(delay)
 
     def sleep_sync(self, reason: str, max_s: float | None = None) -> None:
         delay = self.next_delay()

@@ -1514,6 +1514,22 @@ MUTANTS: tuple[Mutant, ...] = (
          "beat",),
     ),
     Mutant(
+        "start-backoff-cut-short", "producers/startup.py",
+        "                                    f\"{exc}\", life.sleep)",
+        "                                    f\"{exc}\")",
+        "a stop or `seconds` ends a producer's start mid-backoff, not after the sleep",
+        ("tests/test_producer_ends.py::test_a_producer_retrying_an_unreachable_redis_ends_mid_"
+         "backoff",),
+    ),
+    Mutant(
+        "life-sleep-ends-at-deadline", "producers/lifetime.py",
+        "            seconds = max(0.0, min(seconds, self.deadline - time.monotonic()))\n",
+        "            pass\n",
+        "a producer's sleeps end at its `seconds` deadline",
+        ("tests/test_producer_ends.py::test_a_producer_retrying_an_unreachable_redis_ends_mid_"
+         "backoff[seconds]",),
+    ),
+    Mutant(
         "resume-piece-twice", "producers/llm/tito.py",
         "        self._append(last, version, source)\n        turn = Turn(",
         "        self._append(last, version, source)\n        self._append(last, version, "
