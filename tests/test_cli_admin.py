@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
-from helpers import BROKEN_ENV_ID, ROOT, run_cli_here, small_config
+import redis
+from helpers import (
+    BROKEN_ENV_ID,
+    ROOT,
+    blocked_in_xreadgroup,
+    run_cli_here,
+    small_config,
+    stream_lengths,
+    wait_for,
+)
 from helpers import run_cli as cli
 
 from consumer import Batcher
@@ -17,17 +27,20 @@ from schemas.keys import Keys
 
 
 def test_pause_resume_and_status(r, run, redis_url):
+    # in this process: each command ends by itself and starts nothing (`pause` as a process
+    # is test_user_edges' test_operator_commands_read_run_and_url_from_a_config's)
     keys = Keys(run)
-    assert cli("status", "--redis-url", redis_url, "--run", run).returncode == 1  # no config
+    no_config = run_cli_here("status", "--redis-url", redis_url, "--run", run)
+    assert no_config.returncode == 1
     Batcher(r, small_config(), run=run)
-    out = cli("pause", "--redis-url", redis_url, "--run", run)
+    out = run_cli_here("pause", "--redis-url", redis_url, "--run", run)
     assert out.returncode == 0 and "['operator']" in out.stdout
     assert r.smembers(keys.pause) == {b"operator"}
     r.sadd(keys.pause, "sync")
-    out = cli("resume", "--redis-url", redis_url, "--run", run)
+    out = run_cli_here("resume", "--redis-url", redis_url, "--run", run)
     assert out.returncode == 0
     assert r.smembers(keys.pause) == {b"sync"}  # each side removes only its own reason
-    status = cli("status", "--redis-url", redis_url, "--run", run)
+    status = run_cli_here("status", "--redis-url", redis_url, "--run", run)
     assert status.returncode == 0
     assert f"run {run}: version 0" in status.stdout and "['sync']" in status.stdout
     assert "train: 0 entries in streams, 0/2 shards leased" in status.stdout
@@ -47,7 +60,7 @@ def test_up_val_every_runs_a_val_round_every_second_step(redis_url, run):
     busy one the producers were still starting when they ran out: 0 steps). `--seconds`
     ending `up` is test_up_seconds_ends_a_batch_wait_that_would_outlast_it's."""
     out = cli("up", "--config", "configs/frozenlake_sync.yaml", "--redis-url", redis_url,
-              "--run", run, "--steps", "4", "--train-step-s", "0.1", "--val-every", "2")
+              "--run", run, "--steps", "4", "--val-every", "2")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     steps = [x for x in lines if x.startswith("step")]
@@ -57,15 +70,17 @@ def test_up_val_every_runs_a_val_round_every_second_step(redis_url, run):
 
 
 def test_up_seconds_ends_a_batch_wait_that_would_outlast_it(redis_url, run, tmp_path):
-    """Every action takes an hour, so no batch comes: `--seconds 2` ended `up` only when
+    """Every action takes an hour, so no batch comes: `--seconds 1` ended `up` only when
     the wait for the first batch reached `--timeout-s` (60 s), with exit 1."""
     config = (ROOT / "configs" / "frozenlake_sync.yaml").read_text().replace(
         "  type: random", "  type: random\n  latency_s: 3600")
     path = tmp_path / "slow.yaml"
     path.write_text(config)
     started = time.monotonic()
+    # 1 s: nothing needs to happen within it (no batch can come); --timeout-s stays far past
+    # it and `took`'s bound, so a wait that is not cut short cannot pass as one that was
     out = cli("up", "--config", str(path), "--redis-url", redis_url, "--run", run,
-              "--seconds", "2", "--timeout-s", "60", "--producers", "1")
+              "--seconds", "1", "--timeout-s", "60", "--producers", "1")
     took = time.monotonic() - started
     assert out.returncode == 0, out.stderr
     assert "done: 0 steps" in out.stdout
@@ -74,12 +89,18 @@ def test_up_seconds_ends_a_batch_wait_that_would_outlast_it(redis_url, run, tmp_
 
 @pytest.mark.slow
 def test_produce_seconds_exits_by_itself(r, run, redis_url):
+    """`produce --seconds` serves and then ends by itself (exit 0), leaving no heartbeat;
+    at the default log level it says that it serves and that it stopped."""
     Batcher(r, small_config(), run=run)
     started = time.monotonic()
+    # 1.5 s: the producer must start serving before it runs out (the "serving" line), on a
+    # loaded machine too
     out = cli("produce", "--redis-url", redis_url, "--run", run, "--seconds", "1.5")
     assert out.returncode == 0, out.stderr
     assert 1.5 <= time.monotonic() - started < 30
     assert r.zcard(Keys(run).producers) == 0
+    assert f"serving run {run}" in out.stderr
+    assert re.search(r"stopped: \d+ committed, \d+ leases released", out.stderr)
 
 
 BAD_ENV = {"custom_envs": {"Big": {"env_type": "sokoban",
@@ -122,14 +143,20 @@ def test_train_whose_every_group_fails_ends_at_its_timeout(r, run, redis_url, tm
     path.write_text(config.to_json())
     Batcher(r, config, run=run)
     producer_thread()
+    # every member of step 0 committed as failed: the skips below are train's, at their
+    # pace, not spent waiting for the producer to start
+    wait_for(lambda: sum(stream_lengths(r, Keys(run), config)) == 16, timeout_s=30,
+             what="step 0's 16 failed trajectories")
     started = time.monotonic()
+    # --timeout-s 3: skips 1 s apart from the second on (SKIP_AGAIN_S), so three fit if the
+    # producer fails versions 1 and 2 within 1 s together (~20 ms each under 4 CPU hogs)
     out = subprocess.run(
         [sys.executable, "-m", "rollstream", "train", "--config", str(path), "--redis-url",
-         redis_url, "--run", run, "--steps", "2", "--timeout-s", "4"],
+         redis_url, "--run", run, "--steps", "2", "--timeout-s", "3"],
         cwd=ROOT, capture_output=True, text=True, timeout=40,
         env={**os.environ, "PYTHONPATH": str(ROOT / "tests")})
     assert out.returncode == 1, out.stderr
-    assert "no train batch in 4s" in out.stderr and "versions from 0 on" in out.stderr
+    assert "no train batch in 3s" in out.stderr and "versions from 0 on" in out.stderr
     assert "Traceback" not in out.stderr
     assert time.monotonic() - started < 30
     skipped = int(r.get(Keys(run).version))
@@ -181,7 +208,8 @@ def test_rollstream_stop_ends_train_and_up_with_exit_0(r, run, redis_url, tmp_pa
         while int(r.get(Keys(run).version) or 0) < 2:  # steps are being trained
             assert trainer.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
-        assert cli("stop", "--redis-url", redis_url, "--run", run).returncode == 0
+        # in this process: `stop` ends by itself and starts nothing
+        assert run_cli_here("stop", "--redis-url", redis_url, "--run", run).returncode == 0
         stopped = time.monotonic()
         out, _ = trainer.communicate(timeout=60)
     finally:
@@ -197,13 +225,25 @@ def test_rollstream_stop_ends_train_and_up_with_exit_0(r, run, redis_url, tmp_pa
 def test_a_waiting_get_batch_raises_run_stopped_when_the_run_is_stopped(r, run, redis_url):
     from schemas.errors import RunStopped
 
-    batcher = Batcher(r, small_config(), run=run)
-    timer = threading.Timer(0.5, lambda: cli("stop", "--redis-url", redis_url, "--run", run))
-    timer.start()
+    name = f"{run}-batcher"  # its reads are told apart from other clients' of this server
+    client = redis.Redis.from_url(redis_url, socket_timeout=30, client_name=name)
+    batcher = Batcher(client, small_config(), run=run)
+
+    def stop_once_waiting() -> None:  # evidence that get_batch waits: its blocked read
+        wait_for(lambda: blocked_in_xreadgroup(r, name), timeout_s=30,
+                 what="get_batch blocked in XREADGROUP")
+        cli("stop", "--redis-url", redis_url, "--run", run)
+
+    stopper = threading.Thread(target=stop_once_waiting)
+    stopper.start()
     started = time.monotonic()
-    with pytest.raises(RunStopped, match="was stopped \\(rollstream stop\\) while get_batch"):
-        batcher.get_batch("train", timeout_s=20)
-    timer.join()
+    try:
+        with pytest.raises(RunStopped,
+                           match="was stopped \\(rollstream stop\\) while get_batch"):
+            batcher.get_batch("train", timeout_s=20)
+    finally:
+        stopper.join(60)
+        client.close()
     assert time.monotonic() - started < 10
 
 
@@ -215,7 +255,7 @@ def test_reset_ends_a_waiting_trainer_and_the_run_stays_gone(r, run, redis_url, 
     config = small_config()
     path = tmp_path / "sync.yaml"
     path.write_text(config.to_json())
-    producer_process()
+    producer = producer_process()
     trainer = subprocess.Popen(
         [sys.executable, "-m", "rollstream", "train", "--config", str(path), "--redis-url",
          redis_url, "--run", run, "--train-step-s", "0.2", "--timeout-s", "120"], cwd=ROOT,
@@ -225,7 +265,8 @@ def test_reset_ends_a_waiting_trainer_and_the_run_stays_gone(r, run, redis_url, 
         while int(r.get(Keys(run).version) or 0) < 2:
             assert trainer.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
-        out = cli("reset", "--yes", "--redis-url", redis_url, "--run", run)
+        # in this process: `reset` ends by itself and starts nothing
+        out = run_cli_here("reset", "--yes", "--redis-url", redis_url, "--run", run)
         assert out.returncode == 0 and "reset," in out.stdout, out.stdout + out.stderr
         trainer.communicate(timeout=30)
     finally:
@@ -233,7 +274,9 @@ def test_reset_ends_a_waiting_trainer_and_the_run_stays_gone(r, run, redis_url, 
             trainer.kill()
             trainer.communicate()
     assert trainer.returncode == 0
-    time.sleep(1.0)
+    # every process of the run has exited (the producer ends at the stop), so nothing is
+    # left that could still write a key of it
+    producer.wait(timeout=30)
     assert list(r.scan_iter(match=Keys(run).pattern())) == []
 
 
@@ -251,7 +294,9 @@ def test_reset_refuses_while_a_trainer_that_does_not_wait_is_alive(r, run, redis
                                   "run is stopped: end the trainer, then reset again")
     assert r.exists(Keys(run).config) and r.exists(Keys(run).stop)
     batcher.close()
-    out = cli("reset", "--yes", "--redis-url", redis_url, "--run", run)
+    # in this process: `reset` ends by itself and starts nothing (its refusal above is a
+    # process's, whose whole stderr is that one line)
+    out = run_cli_here("reset", "--yes", "--redis-url", redis_url, "--run", run)
     assert out.returncode == 0, out.stdout + out.stderr
 
 

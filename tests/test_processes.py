@@ -109,8 +109,9 @@ def replay_actions(config, traj) -> list[int]:
 
 def test_sigkill_mid_episode_loses_nothing_and_doubles_nothing(r, run, proxy,
                                                                producer_process):
-    # sync, every group in every batch: step s must deliver exactly episode s of every env
-    config = spread_config(policy={"type": "random", "latency_s": 0.05}, lease_ttl_s=1.0)
+    # sync, every group in every batch: step s must deliver exactly episode s of every env;
+    # 20 ms an action: the victim's other episodes are still being played when it is killed
+    config = spread_config(policy={"type": "random", "latency_s": 0.02}, lease_ttl_s=1.0)
     keys = Keys(run)
     batcher = Batcher(r, config, run=run)
     victim = producer_process("--redis-url", proxy.url)  # its requests pass the proxy
@@ -130,11 +131,6 @@ def test_sigkill_mid_episode_loses_nothing_and_doubles_nothing(r, run, proxy,
     killer = threading.Thread(target=lambda: proxy.held.wait(40)
                               and os.kill(victim.pid, signal.SIGKILL))
     for step in range(4):
-        if step == 1:
-            # evidence of an episode in flight: the victim played its group's episode 1 to
-            # the end and its commit is held on the wire; kill it there
-            proxy.hold(f"train-{group}-1-".encode())
-            killer.start()
         batch = batcher.get_batch("train", timeout_s=40)
         assert set(batch.episode_ids.tolist()) == {step}
         assert len(batch) == 32 and len(set(batch.traj_ids)) == 32
@@ -142,6 +138,12 @@ def test_sigkill_mid_episode_loses_nothing_and_doubles_nothing(r, run, proxy,
         for traj in batch.trajectories:  # replays play the same episode
             assert [s["action"] for s in traj["steps"]] == replay_actions(config, traj)
         batcher.ack(batch)
+        if step == 0:
+            # evidence of an episode in flight: the victim played its group's episode 1 to
+            # the end and its commit is held on the wire; kill it there. Armed before the
+            # publish that lets episode 1 start (sync), so no commit of it can pass first
+            proxy.hold(f"train-{group}-1-".encode())
+            killer.start()
         publish(batcher)
     killer.join(10)
     assert proxy.held.is_set()
@@ -169,25 +171,21 @@ def test_rollstream_up_two_steps_on_the_embedded_server():
     assert ps.stdout == ""
 
 
-def test_rollstream_up_with_a_url_leaves_no_producer_behind(r, run, redis_url):
-    out = cli("up", "--config", "configs/frozenlake_async.yaml", "--steps", "3",
-              "--redis-url", redis_url, "--run", run, "--producers", "2")
+def test_rollstream_up_with_a_url_leaves_no_producer_behind(r, run, redis_url, tmp_path):
+    """`up` on a Redis of its config's `redis_url`, under its `run` (no --redis-url, --run
+    or environment: one `up` for both, the flags are the other tests'), ends with none of
+    its producers' heartbeats or leases left."""
+    data = yaml.safe_load((ROOT / "configs" / "frozenlake_async.yaml").read_text())
+    data.update(redis_url=redis_url, run=run)
+    path = tmp_path / "with_url.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = cli("up", "--config", str(path), "--steps", "3", "--producers", "2")
     assert out.returncode == 0, out.stderr
     assert len([x for x in out.stdout.splitlines() if x.startswith("step")]) == 3
     keys = Keys(run)
     assert r.zcard(keys.producers) == 0
     assert not list(r.scan_iter(match=keys.prefix + ":lease:*"))
-    assert r.get(keys.version) == b"3"
-
-
-def test_up_takes_the_redis_url_and_run_from_the_config(r, run, redis_url, tmp_path):
-    data = yaml.safe_load((ROOT / "configs" / "frozenlake_sync.yaml").read_text())
-    data.update(redis_url=redis_url, run=run)  # no --redis-url, --run or environment
-    path = tmp_path / "with_url.yaml"
-    path.write_text(yaml.safe_dump(data))
-    out = cli("up", "--config", str(path), "--steps", "1", "--producers", "1")
-    assert out.returncode == 0, out.stderr
-    assert r.get(Keys(run).version) == b"1"  # the trainer ran there, under that name
+    assert r.get(keys.version) == b"3"  # the trainer ran there, under that name
 
 
 def test_ctrl_c_stops_up_and_every_process(run):
