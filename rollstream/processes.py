@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from rollstream.embedded import spawn
 from schemas.errors import ConfigError, ProducersExited
@@ -162,12 +163,18 @@ def producers_watched(procs: Sequence[subprocess.Popen]) -> Iterator[None]:
         if active.is_set():
             _thread.interrupt_main(signal.SIGUSR1)
 
-    previous = signal.signal(signal.SIGUSR1, raise_gone)
+    # everything inside the try: a Ctrl+C landing as the watch starts (up's start) left it
+    # running and armed, and once the cleanup had stopped the producers it raised
+    # ProducersExited over the KeyboardInterrupt (exit 1 instead of 130)
     watcher = threading.Thread(target=watch, name="producer-watch", daemon=True)
-    watcher.start()
+    previous: Any = None
     try:
+        previous = signal.signal(signal.SIGUSR1, raise_gone)
+        watcher.start()
         yield
     finally:
         active.clear()
-        watcher.join()
-        signal.signal(signal.SIGUSR1, previous)
+        if watcher.ident is not None:
+            watcher.join()
+        if previous is not None:
+            signal.signal(signal.SIGUSR1, previous)

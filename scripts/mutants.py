@@ -1506,8 +1506,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "stop-wakes-lease-loop", "producers/control.py",
-        "        if self.state.stopped:  # the lease loop ends the producer now, not at its next beat\n"
-        "            self.leases_changed.set()\n",
+        "        if self.state.stopped:  # the lease loop ends the producer now, not at its "
+        "next beat\n            self.leases_changed.set()\n",
         "",
         "a run's stop ends a producer at once, not at its next lease beat",
         ("tests/test_producer_ends.py::test_a_runs_stop_ends_a_producer_before_its_next_lease_"
@@ -1528,6 +1528,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "a producer's sleeps end at its `seconds` deadline",
         ("tests/test_producer_ends.py::test_a_producer_retrying_an_unreachable_redis_ends_mid_"
          "backoff[seconds]",),
+    ),
+    Mutant(
+        "watch-setup-inside-try", "rollstream/processes.py",
+        "    try:\n        previous = signal.signal(signal.SIGUSR1, raise_gone)\n"
+        "        watcher.start()\n        yield\n",
+        "    previous = signal.signal(signal.SIGUSR1, raise_gone)\n    watcher.start()\n"
+        "    try:\n        yield\n",
+        "a Ctrl+C as up starts watching its producers leaves no armed watch behind (exit 130)",
+        ("tests/test_processes.py::test_ctrl_c_as_the_producer_watch_starts_leaves_no_watch_"
+         "behind",),
     ),
     Mutant(
         "resume-piece-twice", "producers/llm/tito.py",

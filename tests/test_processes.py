@@ -259,3 +259,32 @@ def test_a_sigterm_after_a_run_stop_is_the_first_signal_not_a_forced_stop() -> N
         return first, producer._main_task.cancelled()
 
     assert asyncio.run(scenario()) == (False, True)
+
+
+def test_ctrl_c_as_the_producer_watch_starts_leaves_no_watch_behind(monkeypatch) -> None:
+    """A Ctrl+C landing just as `up` starts watching its producers (here: raised right after
+    the watch thread started) left the watch running and armed: once the cleanup had stopped
+    the producers, it raised ProducersExited over the KeyboardInterrupt, and `up` exited 1,
+    not 130 (seen about once in 25 runs of test_ctrl_c_while_up_is_starting_leaves_nothing
+    on a loaded machine)."""
+    from rollstream import processes
+
+    started: list[threading.Thread] = []
+
+    class Interrupted(threading.Thread):
+        def start(self) -> None:
+            super().start()
+            started.append(self)
+            raise KeyboardInterrupt  # the Ctrl+C, right after the watch started
+
+    monkeypatch.setattr(processes.threading, "Thread", Interrupted)
+    before = signal.getsignal(signal.SIGUSR1)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(KeyboardInterrupt), processes.producers_watched([proc]):
+            pass
+        assert started and not started[0].is_alive()  # ended: it can raise nothing later
+        assert signal.getsignal(signal.SIGUSR1) == before
+    finally:
+        proc.kill()
+        proc.wait(10)
