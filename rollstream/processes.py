@@ -150,17 +150,17 @@ def producers_watched(procs: Sequence[subprocess.Popen]) -> Iterator[None]:
     raises as Ctrl+C's raises KeyboardInterrupt: the wait ends within one read's block."""
     import _thread
 
-    active = threading.Event()
-    active.set()
+    ended = threading.Event()  # the block below is done: the run ends anyway
 
     def raise_gone(signum: int, frame: object) -> None:
-        if active.is_set():  # not once the block below is done: the run ended anyway
+        if not ended.is_set():
             raise producers_gone(procs)
 
     def watch() -> None:
-        while active.is_set() and not all_exited(procs):
-            time.sleep(PRODUCER_WATCH_S)
-        if active.is_set():
+        while not all_exited(procs):
+            if ended.wait(PRODUCER_WATCH_S):  # (the block's end wakes it: no sleep to
+                return  # wait out when `up` ends)
+        if not ended.is_set():
             _thread.interrupt_main(signal.SIGUSR1)
 
     # everything inside the try: a Ctrl+C landing as the watch starts (up's start) left it
@@ -173,7 +173,7 @@ def producers_watched(procs: Sequence[subprocess.Popen]) -> Iterator[None]:
         watcher.start()
         yield
     finally:
-        active.clear()
+        ended.set()
         if watcher.ident is not None:
             watcher.join()
         if previous is not None:

@@ -1540,6 +1540,15 @@ MUTANTS: tuple[Mutant, ...] = (
          "behind",),
     ),
     Mutant(
+        "watch-wakes-at-its-end", "rollstream/processes.py",
+        "            if ended.wait(PRODUCER_WATCH_S):  # (the block's end wakes it: no sleep to\n"
+        "                return  # wait out when `up` ends)\n",
+        "            time.sleep(PRODUCER_WATCH_S)\n            if ended.is_set():\n"
+        "                return\n",
+        "up's producer watch ends with its block at once, not after the rest of a sleep",
+        ("tests/test_processes.py::test_the_producer_watch_ends_with_its_block_at_once",),
+    ),
+    Mutant(
         "resume-piece-twice", "producers/llm/tito.py",
         "        self._append(last, version, source)\n        turn = Turn(",
         "        self._append(last, version, source)\n        self._append(last, version, "

@@ -288,3 +288,23 @@ def test_ctrl_c_as_the_producer_watch_starts_leaves_no_watch_behind(monkeypatch)
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_the_producer_watch_ends_with_its_block_at_once() -> None:
+    """`up` ends by leaving the watch's block, which joins the watch thread: it slept
+    `PRODUCER_WATCH_S` (0.5 s) between looks, so every `up` waited out the rest of a sleep
+    at its end. It waits on the block's end now."""
+    from rollstream import processes
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        watch = processes.producers_watched([proc])
+        watch.__enter__()
+        time.sleep(0.1)  # the watch is inside a wait between its looks
+        left = time.monotonic()
+        watch.__exit__(None, None, None)
+        took = time.monotonic() - left
+        assert took < 0.3, f"{took:.2f} s to leave: the rest of a sleep was waited out"
+    finally:
+        proc.kill()
+        proc.wait(10)
