@@ -307,6 +307,18 @@ if SLOW_BUILD_ENV_ID not in gym.registry:
     gym.register(id=SLOW_BUILD_ENV_ID, entry_point="helpers:SlowToBuildEnv")
 
 
+def slow_build_config(lease_ttl_s: float, groups: int) -> RolloutConfig:
+    """`small_config` of `groups` train groups of 2 SlowToBuild envs, 4 envs a shard (so
+    `groups / 2` shards, each 0.1 s to build: claiming them takes that long whatever the
+    machine's speed), async, no val."""
+    return small_config(
+        lease_ttl_s=lease_ttl_s, rollout_batch_size=8, async_generation_ratio=1,
+        custom_envs={"Slow": {"env_id": SLOW_BUILD_ENV_ID}},
+        train_env_manager={"max_env_num_per_worker": 4, "num_env_groups": groups,
+                           "group_size": 2, "tags": ["Slow"]},
+        val_env_manager=None)
+
+
 def broken_group_config(threaded: bool = False, **overrides: Any) -> RolloutConfig:
     """`small_config` whose train group 3 is an env that always raises (groups 0-2 are
     FrozenLake): its episodes fail and the group is dropped."""

@@ -15,7 +15,7 @@ import logging
 import time
 
 import pytest
-from helpers import SLOW_BUILD_ENV_ID, free_port, small_config, wait_for
+from helpers import free_port, slow_build_config, small_config, wait_for
 
 from consumer import Batcher
 from producers.lifetime import Lifetime
@@ -28,12 +28,7 @@ def test_seconds_ends_a_producer_midway_through_its_claims(r, run, producer_thre
     # 30 shards of 4 envs that take 25 ms each to build: claiming them all takes 3 s or more
     # (sleeps, whatever the machine's speed), within one pass of a 30 s ttl; given 0.3 s the
     # producer stops claiming at its deadline
-    config = small_config(
-        lease_ttl_s=30.0, rollout_batch_size=8, async_generation_ratio=1,
-        custom_envs={"Slow": {"env_id": SLOW_BUILD_ENV_ID}},
-        train_env_manager={"max_env_num_per_worker": 4, "num_env_groups": 60,
-                           "group_size": 2, "tags": ["Slow"]},
-        val_env_manager=None)
+    config = slow_build_config(lease_ttl_s=30.0, groups=60)
     shards = config.train_env_manager.num_shards
     assert shards == 30
     Batcher(r, config, run=run)

@@ -23,13 +23,13 @@ from helpers import (
     BROKEN_ENV_ID,
     ROOT,
     SLEEPY_ENV_ID,
-    SLOW_BUILD_ENV_ID,
     BrokenEnv,
     HoldsSecondEpisode,
     blocked_in_xreadgroup,
     broken_group_config,
     get_batch_in_thread,
     publish,
+    slow_build_config,
     small_config,
     wait_for,
 )
@@ -943,12 +943,7 @@ def test_a_claim_longer_than_the_lease_ttl_loses_no_lease(r, run, producer_threa
     # more (sleeps: a loaded machine only makes it longer), past the 2 s lease ttl, so the
     # first leases expire unless heartbeats come in between. The ttl itself is what a
     # heartbeat a third of it apart must land within, on a loaded machine too.
-    config = small_config(
-        lease_ttl_s=2.0, rollout_batch_size=8, async_generation_ratio=1,
-        custom_envs={"Slow": {"env_id": SLOW_BUILD_ENV_ID}},
-        train_env_manager={"max_env_num_per_worker": 4, "num_env_groups": 48,
-                           "group_size": 2, "tags": ["Slow"]},
-        val_env_manager=None)
+    config = slow_build_config(lease_ttl_s=2.0, groups=48)
     keys = Keys(run)
     Batcher(r, config, run=run)
     caplog.set_level("WARNING", logger="producers")
