@@ -17,4 +17,10 @@ def test_bench_tito_prints_both_ways_and_the_ratio():
     out = bench("bench/bench_tito.py", "--seconds", "0.5", "--latency-s", "0.01",
                 "--warmup-batches", "0", "--groups", "4", timeout=240)
     assert "chat requests:" in out and "token-in/token-out:" in out, out
-    assert "ratio token-in/token-out / chat:" in out, out
+    assert "ratio token-in/token-out / chat:" in out and "target: at most 1.11x" in out, out
+
+
+def test_bench_tito_repeats_alternating_and_prints_the_medians():
+    out = bench("bench/bench_tito.py", "--seconds", "0.5", "--latency-s", "0.01",
+                "--warmup-batches", "0", "--groups", "4", "--repeat", "2", timeout=240)
+    assert out.count(" / ") >= 3 and "median of 2 rounds" in out, out
