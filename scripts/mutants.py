@@ -1190,6 +1190,21 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{TITO}::test_a_fresh_message_list_is_encoded_afresh",),
     ),
     Mutant(
+        "tito-echo-key-only", "producers/llm/tito.py",
+        ' and raw[before:before + 1] in (b"{", b","):\n',
+        ":\n",
+        "the prompt echo is cut only where it is a key of the answer, never where the name "
+        "ends another key",
+        (f"{TITO}::test_the_prompt_echo_is_cut_before_parsing_and_nothing_else_changes",),
+    ),
+    Mutant(
+        "tito-echo-cut", "producers/llm/pool.py",
+        "                raw = tito.without_prompt_echo(raw)\n",
+        "                pass\n",
+        "a token-id request's answer is parsed without the prompt ids the server echoes",
+        (f"{TITO}::test_a_token_in_token_out_answer_arrives_without_its_echo",),
+    ),
+    Mutant(
         "tito-server-ids", "producers/llm/tito.py",
         '    response_ids = choice.get("token_ids")\n    if response_ids is None:\n'
         '        response_ids = choice.get("response_token_ids")\n',

@@ -117,6 +117,54 @@ def test_a_fresh_message_list_is_encoded_afresh(model_dir: Path) -> None:
     assert tito.prompt_ids(template, scratch, fresh) == template.prompt_ids(fresh)
 
 
+def test_the_prompt_echo_is_cut_before_parsing_and_nothing_else_changes() -> None:
+    import orjson
+
+    spelled = ',"prompt_token_ids":[7, 8] and "prompt_token_ids": [9]'  # text, not a key
+    answer = {"prompt_token_ids": [1, 2, 3],
+              "choices": [{"text": spelled, "prompt_token_ids": [4, 5], "token_ids": [6],
+                           "logprobs": {"top_logprobs": [{'"prompt_token_ids': -0.5}]}},
+                          {"text": "x", "prompt_token_ids": None, "token_ids": []}],
+              "meta": {'"prompt_token_ids': [9, 9]}}  # a key that ends with the name
+    for raw in (orjson.dumps(answer), json.dumps(answer).encode(),  # compact; ", " and ": "
+                json.dumps(answer, indent=2).encode()):
+        cut = tito.without_prompt_echo(raw)
+        assert len(cut) < len(raw)
+        want = json.loads(raw)
+        want["prompt_token_ids"] = want["choices"][0]["prompt_token_ids"] = None
+        assert json.loads(cut) == want
+    for raw in (b'{"choices":[{"text":"a","token_ids":[1]}]}',  # nothing to cut
+                b'{"prompt_token_ids":null}', b'{"prompt_token_ids":[1,2'):  # as they are
+        assert tito.without_prompt_echo(raw) is raw
+
+
+def test_a_token_in_token_out_answer_arrives_without_its_echo(fake_llm, model_dir: Path
+                                                              ) -> None:
+    """The stand-in echoes the prompt's ids, as vLLM does with return_token_ids; the pool
+    hands a token-id request's answer on without them (the policy keeps what it sent), and a
+    chat answer with them (its prompt ids are the server's)."""
+    from llm_helpers import run_pool
+
+    server = fake_llm(tokenizer=str(model_dir / "tokenizer.json"))
+    prompt = ChatTemplate.load(str(model_dir)).prompt_ids([{"role": "user", "content": "Hi"}])
+
+    async def scenario(pool: Any) -> tuple[Any, Any]:
+        tito_body = tito.request_body(MODEL, prompt, sampling={"max_tokens": 8}, seed=1,
+                                      extra_body={})
+        chat_body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                     "max_tokens": 8, "return_token_ids": True}
+        return (await pool.chat(tito_body)).data, (await pool.chat(chat_body)).data
+
+    tito_answer, chat_answer = run_pool([server.base_url], scenario)
+    status, direct = http(server.base_url + "/completions", {
+        "model": MODEL, "prompt": prompt, "max_tokens": 8, "return_token_ids": True})
+    assert status == 200 and direct["choices"][0]["prompt_token_ids"] == prompt  # echoed
+    assert tito_answer["choices"][0]["prompt_token_ids"] is None
+    assert tito_answer["choices"][0]["token_ids"]  # the rest as the server gave it
+    assert chat_answer["prompt_token_ids"]  # vLLM's chat answer: top-level, kept
+    assert server.requests[0]["prompt"] == prompt
+
+
 def test_reply_ids_from_the_server_else_the_tokenizer(model_dir: Path) -> None:
     template = ChatTemplate.load(str(model_dir))
     prompt = [1, 2, 3]

@@ -406,6 +406,8 @@ class ServerPool:
             raise EpisodeFailed(f"model server {server.base_url} refused the request "
                                 f"(HTTP {status}): {error_text(raw)}")
         try:
+            if "prompt" in body:  # token-in/token-out: the prompt ids are ours (tito.py)
+                raw = tito.without_prompt_echo(raw)
             data = orjson.loads(raw)
             if "return_tokens" in sent and isinstance(data, dict):
                 data = tito.from_llama_native(data)
