@@ -1161,7 +1161,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "tito-extends-sampled", "producers/llm/tito.py",
         "        return extend(template, state.prompt, state.sampled, messages[state.covered:])\n",
-        "        return template.prompt_ids(messages)\n",
+        "        return as_ids(template.prompt_ids(messages))\n",
         "token-in/token-out: a next turn extends the previous prompt and sampled ids, never a "
         "re-rendering (a Qwen3-style template rewrites earlier turns)",
         (f"{TITO}::test_thinking_template_turns_extend_what_was_sampled",),
@@ -1175,8 +1175,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "tito-close-added", "producers/llm/tito.py",
-        "[*prompt, *sampled, *close[overlap:], *template.suffix_ids(new_messages)]",
-        "[*prompt, *sampled, *template.suffix_ids(new_messages)]",
+        "np.concatenate((prompt, sampled, as_ids(close[overlap:]),\n",
+        "np.concatenate((prompt, sampled,\n",
         "a reply without its end-of-turn token (llama-server's OpenAI ids, a cut reply) is "
         "closed as the template closes it",
         (f"{TITO}::test_a_reply_without_its_end_token_is_closed_by_the_template",),

@@ -50,7 +50,7 @@ def play(template: ChatTemplate, *, eos: bool = True) -> list[tuple[list[int], l
     turns = []
     for user, answer in zip(USERS, REPLIES, strict=True):
         messages.append({"role": "user", "content": user})
-        prompt = tito.prompt_ids(template, scratch, messages)
+        prompt = tito.prompt_ids(template, scratch, messages).tolist()  # an int32 array
         sampled = template.encode(answer) + ([end] if eos else [])
         messages.append({"role": "assistant", "content": answer})
         tito.remember(scratch, messages, prompt, sampled)
@@ -114,7 +114,7 @@ def test_a_fresh_message_list_is_encoded_afresh(model_dir: Path) -> None:
     # as long as that conversation, an assistant message at the same place: still another list
     fresh = [{"role": "user", "content": USERS[1]}, {"role": "assistant", "content": "y"},
              {"role": "user", "content": USERS[2]}]
-    assert tito.prompt_ids(template, scratch, fresh) == template.prompt_ids(fresh)
+    assert tito.prompt_ids(template, scratch, fresh).tolist() == template.prompt_ids(fresh)
 
 
 def test_the_prompt_echo_is_cut_before_parsing_and_nothing_else_changes() -> None:

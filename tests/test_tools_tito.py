@@ -89,7 +89,7 @@ def test_a_qwen3_template_extends_its_turns(model_dir: Path) -> None:
     for user, reply in [("2 + 2?", "<think>easy</think>\n4"), ("Again?", "<think>so</think>5"),
                         ("Once more.", "6")]:
         messages.append({"role": "user", "content": user})
-        prompt = tito.prompt_ids(template, scratch, messages, [PYTHON_SCHEMA])
+        prompt = tito.prompt_ids(template, scratch, messages, [PYTHON_SCHEMA]).tolist()
         sampled = [*template.encode(reply), end]
         messages.append({"role": "assistant", "content": reply})
         tito.remember(scratch, messages, prompt, sampled)

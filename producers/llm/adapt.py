@@ -59,7 +59,7 @@ def shape(server: Server, body: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     """The request `body` as `server` gets it (see the module docstring), and its JSON."""
     model, adds, dropped = server.model, server.adds, server.dropped
     if model is None and not adds and not dropped:
-        return body, orjson.dumps(body)
+        return body, orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     out = {key: value for key, value in body.items() if key not in dropped}
     if model is not None:
         out["model"] = model
@@ -67,7 +67,7 @@ def shape(server: Server, body: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         if key == "top_logprobs" and (not out.get("logprobs") or key in out or "prompt" in out):
             continue  # only with chat logprobs, and never over the policy's own choice
         out[key] = value
-    return out, orjson.dumps(out)
+    return out, orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def refused_fields(status: int, raw: bytes, sent: Iterable[str]) -> list[str]:

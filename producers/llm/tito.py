@@ -5,6 +5,10 @@ whatever the template does to earlier turns.
 
 - **First turn** (or a fresh prompt: a step manager's new message list each turn): the
   messages rendered with the generation prompt, encoded.
+- **Ids as arrays**: a conversation's ids are int32 numpy arrays from its first prompt on:
+  a next prompt is one concatenation, the request's JSON writes the array (orjson's numpy
+  option), and the turn records the array that was sent; with lists, every turn copied the
+  whole prompt twice and turned it into an array element by element.
 - **Next turn of a conversation** (the same message list, the previous reply appended and
   new messages after it): the previous turn's prompt ids + its sampled ids + the template's
   close of an assistant message (`<|im_end|>\\n`; the part the sampled ids already end with,
@@ -54,6 +58,7 @@ from producers.llm.template import ChatTemplate
 from producers.policies.protocol import Turn
 
 TITO_KEY = "tito"  # the scratch entry holding the conversation's ids
+Ids = np.ndarray  # token ids: int32, one dimension
 
 
 @dataclass
@@ -62,13 +67,13 @@ class Conversation:
 
     messages: list[dict[str, Any]]  # the message list these ids render (the same object)
     covered: int  # how many of its messages the ids hold (through the last reply)
-    prompt: list[int]
-    sampled: list[int]
+    prompt: Ids
+    sampled: Ids
 
 
 def prompt_ids(template: ChatTemplate, scratch: dict[str, Any],
                messages: list[dict[str, Any]],
-               tools: list[dict[str, Any]] | None = None) -> list[int]:
+               tools: list[dict[str, Any]] | None = None) -> Ids:
     """This turn's prompt ids (see the module docstring); a first prompt renders `tools` (a
     tag's function schemas) as the template writes them; a next one extends the ids, the
     `tool` messages after a reply included (`suffix_ids`)."""
@@ -76,26 +81,33 @@ def prompt_ids(template: ChatTemplate, scratch: dict[str, Any],
     if (state is not None and state.messages is messages and len(messages) > state.covered
             and messages[state.covered - 1].get("role") == "assistant"):
         return extend(template, state.prompt, state.sampled, messages[state.covered:])
-    return template.prompt_ids(messages, tools)
+    return as_ids(template.prompt_ids(messages, tools))
 
 
-def extend(template: ChatTemplate, prompt: list[int], sampled: list[int],
-           new_messages: list[dict[str, Any]]) -> list[int]:
+def extend(template: ChatTemplate, prompt: Ids, sampled: Ids,
+           new_messages: list[dict[str, Any]]) -> Ids:
     """prompt + sampled + the template's close of the reply (less what the sampled ids
     already end with) + the new messages' tokens and the generation prompt."""
     close = template.close_ids
+    tail = sampled[len(sampled) - len(close):].tolist()  # (its last len(close) ids)
     overlap = 0
-    for k in range(min(len(close), len(sampled)), 0, -1):
-        if sampled[-k:] == close[:k]:
+    for k in range(min(len(close), len(tail)), 0, -1):
+        if tail[-k:] == close[:k]:
             overlap = k
             break
-    return [*prompt, *sampled, *close[overlap:], *template.suffix_ids(new_messages)]
+    return np.concatenate((prompt, sampled, as_ids(close[overlap:]),
+                           as_ids(template.suffix_ids(new_messages))))
 
 
-def remember(scratch: dict[str, Any], messages: list[dict[str, Any]], prompt: list[int],
-             sampled: list[int]) -> None:
+def as_ids(ids: Any) -> Ids:
+    """Token ids as an int32 array (such an array as it is, not copied)."""
+    return np.asarray(ids, dtype=np.int32)
+
+
+def remember(scratch: dict[str, Any], messages: list[dict[str, Any]],
+             prompt: Ids | list[int], sampled: Ids | list[int]) -> None:
     """After the reply was appended to `messages`: the ids the next turn extends."""
-    scratch[TITO_KEY] = Conversation(messages, len(messages), prompt, sampled)
+    scratch[TITO_KEY] = Conversation(messages, len(messages), as_ids(prompt), as_ids(sampled))
 
 
 def for_rounds(scratch: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +117,7 @@ def for_rounds(scratch: dict[str, Any]) -> dict[str, Any]:
     return {TITO_KEY: scratch[TITO_KEY]} if TITO_KEY in scratch else {}
 
 
-def request_body(model: str, prompt: list[int], *, sampling: dict[str, Any], seed: int,
+def request_body(model: str, prompt: Ids | list[int], *, sampling: dict[str, Any], seed: int,
                  extra_body: dict[str, Any]) -> dict[str, Any]:
     """A completion request with a token-id prompt, asking for logprobs and ids."""
     body: dict[str, Any] = {"model": model, "prompt": prompt, **sampling, "seed": seed,
@@ -160,7 +172,7 @@ def llama_native(body: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     import orjson
 
     out = {**body, "return_tokens": True}
-    return out, orjson.dumps(out)
+    return out, orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def from_llama_native(data: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +194,7 @@ def from_llama_native(data: dict[str, Any]) -> dict[str, Any]:
             "object": "text_completion"}
 
 
-def turn_from_completion(data: dict[str, Any], prompt: list[int],
+def turn_from_completion(data: dict[str, Any], prompt: Ids | list[int],
                          template: ChatTemplate) -> Turn:
     """The first choice of a completion as a `Turn` whose prompt ids are `prompt` (what was
     sent) and whose response ids are the server's, else the tokenizer's (see the module
@@ -206,7 +218,7 @@ def turn_from_completion(data: dict[str, Any], prompt: list[int],
         values = None  # not one logprob per kept token: none rather than misaligned ones
     turn = Turn(
         text=text,
-        prompt_ids=cast(Any, np.fromiter(prompt, dtype=np.int32, count=len(prompt))),
+        prompt_ids=cast(Any, as_ids(prompt)),  # the array sent
         response_ids=cast(Any, np.asarray(response_ids, dtype=np.int32)),
         logprobs=cast(Any, None if values is None else np.asarray(values, dtype=np.float32)),
         finish_reason=choice.get("finish_reason"),
@@ -239,8 +251,8 @@ class Resumed:
     text: str = ""  # the pieces' texts so far
 
     @classmethod
-    def start(cls, prompt: list[int]) -> Resumed:
-        return cls(list(prompt), [], [], [], set())
+    def start(cls, prompt: Ids | list[int]) -> Resumed:
+        return cls(as_ids(prompt).tolist(), [], [], [], set())
 
     def add(self, piece: Turn, version: int, source: str) -> None:
         """An aborted answer's piece (`turn_from_completion` of it); `version`/`source`: what

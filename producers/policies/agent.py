@@ -107,7 +107,7 @@ class LLM:
             state = dict(conversations.get(id(messages), {}))
             ids = tito.prompt_ids(host._template, state, messages, tools)
 
-        def request(prompt: list[int] | None, cap: int | None) -> dict[str, Any]:
+        def request(prompt: Any, cap: int | None) -> dict[str, Any]:
             fields = {**sampled.fields(cap), **sampling}
             if prompt is not None:
                 return tito.request_body(config.model, prompt, sampling=fields, seed=seed,
@@ -119,7 +119,7 @@ class LLM:
         label_version(turn, answer, ctx.version, host._context is not None)
         messages.append({"role": "assistant", "content": turn.text})
         if ids is not None:  # the next call on this list extends these ids
-            tito.remember(state, messages, ids, turn.response_ids.tolist())
+            tito.remember(state, messages, ids, turn.response_ids)
             conversations[id(messages)] = state
         calls[index] = turn
         return turn

@@ -44,7 +44,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -70,16 +70,17 @@ _DEFAULT_PROMPT = AgentPrompt(DEFAULT_AGENT_SYSTEM_TEMPLATE, DEFAULT_AGENT_TEMPL
 # built without `build_env` (no tag)
 ABORT_WARN_S = 30.0  # a server that has aborted every turn this long is warned about
 SERVERS_POLL_S = 1.0  # `{RUN}:servers` is read at least this often (and on a version change)
-Request = Callable[[list[int] | None, int | None], dict[str, Any]]  # (prompt ids, max_tokens)
-# -> a request's body (`OpenAIPolicy.sample`)
+Request = Callable[[Any, int | None], dict[str, Any]]  # (prompt ids: None, or an int32 array
+# or a list; max_tokens) -> a request's body (`OpenAIPolicy.sample`)
 RESUME_WAIT_S = 0.2  # `in_flight: resume`: a continuation aborted with no new token waits
 # this long before the next (a server that aborts what comes while it loads)
 
 
-def sampled_ids(turn: Turn) -> list[int]:
-    """A token-in/token-out turn's response ids as ints (the turn holds an int32 array)."""
+def sampled_ids(turn: Turn) -> Any:
+    """A token-in/token-out turn's response ids (an int32 array, which the next prompt
+    extends: `producers.llm.tito.extend`)."""
     assert turn.response_ids is not None  # from the server, else from the tokenizer
-    return cast(Any, turn.response_ids).tolist()
+    return turn.response_ids
 
 
 class OpenAIPolicy:
@@ -197,7 +198,7 @@ class OpenAIPolicy:
         session = session_key(ctx.mode, ctx.group_id, ctx.episode_id)  # the group's episode
         asked = len(messages)
         answered: list[Any] = []  # the pool's answer of the last reply
-        prompt_ids: list[list[int] | None] = [None]  # the last reply's prompt ids (tito)
+        prompt_ids: list[Any] = [None]  # the last reply's prompt ids (tito: an int32 array)
 
         async def generate() -> tuple[Turn, Any]:
             """One reply to `messages` as they are now."""
@@ -207,7 +208,7 @@ class OpenAIPolicy:
                                       None if tools is None else tools[1])
             prompt_ids[0] = ids
 
-            def request(prompt: list[int] | None, cap: int | None) -> dict[str, Any]:
+            def request(prompt: Any, cap: int | None) -> dict[str, Any]:
                 return self._body(messages, prompt, sampled.fields(cap), ctx, extra_body)
 
             turn, answer = await self.sample(request, ids, sampled, ctx, min_version, session)
@@ -240,7 +241,7 @@ class OpenAIPolicy:
         action = parse(turn.text) if parse is not None else None
         return (-1 if action is None else action), turn
 
-    async def sample(self, request: Request, ids: list[int] | None, sampled: Any,
+    async def sample(self, request: Request, ids: Any, sampled: Any,
                      ctx: StepContext, min_version: int | None, session: str
                      ) -> tuple[Turn, Any]:
         """One reply, as a `Turn` and the pool's answer: `request(prompt_ids, max_tokens)`
@@ -275,7 +276,7 @@ class OpenAIPolicy:
             turn.latency_s = spent + answer.latency_s  # every request of the turn
         return turn, answer
 
-    async def _resume(self, turn: Turn, answer: Any, ids: list[int], sampled: Any,
+    async def _resume(self, turn: Turn, answer: Any, ids: Any, sampled: Any,
                       ctx: StepContext, request: Request, min_version: int | None,
                       session: str, spent: float = 0.0) -> tuple[Turn, Any]:
         """`in_flight: resume`: continue the turn the server aborted from the ids its answer
@@ -321,7 +322,7 @@ class OpenAIPolicy:
                 metrics.tokens_discarded(ctx.mode, "aborted", len(resumed.ids))
             raise
 
-    def _body(self, messages: list[dict[str, str]], ids: list[int] | None,
+    def _body(self, messages: list[dict[str, str]], ids: Any,
               sampling: dict[str, Any], ctx: StepContext,
               extra_body: dict[str, Any]) -> dict[str, Any]:
         """A turn's request: chat messages, or with `policy.tokenizer` the prompt's ids."""
