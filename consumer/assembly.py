@@ -296,6 +296,19 @@ class Assembly:
         publish may ask for its next batch before the rank that does has published)."""
         return deliverable <= 0 and self.count > 1
 
+    def version_moved(self, state: ModeState) -> bool:
+        """Whether another batcher published since this one last read the version (then it
+        holds the new one, and what that version expired is evicted). A rank waiting for
+        that publish (`awaits_publish`) asks before each read, not at `nothing_more`'s look
+        every `LOOK_EVERY_S`: a sync step's groups become deliverable only at the new
+        version, and learning of it a look later cost every step up to a second."""
+        raw = self.redis.get(self.keys.version)
+        if raw is None or int(raw) <= self._shared.version:
+            return False
+        self._shared.version = int(raw)
+        self.evict_expired(state)
+        return True
+
     def nothing_more(self, state: ModeState) -> bool:
         """Train mode: whether nothing more can reach this batcher before the version moves:
         every env of its groups has committed every episode admitted at this version (its

@@ -151,6 +151,10 @@ class BatchWait:
                     deliverable = state.ready_count
                     if not assembly.awaits_publish(deliverable):
                         continue
+                if assembly.awaits_publish(deliverable) and assembly.version_moved(state):
+                    deliverable = assembly.deliverable(state, wanted)
+                    exhausted = False
+                    continue
                 # (min before int: timeout_s may be float("inf"), wait as long as it takes)
                 assembly.read(state, block_ms=max(1, int(min(self.block_ms, remaining * 1000))))
                 exhausted = False

@@ -421,6 +421,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_rollout.py::test_a_rank_that_does_not_publish_waits_for_the_one_that_does",),
     ),
     Mutant(
+        "batcher-rank-sees-publish-before-read", "consumer/waiting.py",
+        "                if assembly.awaits_publish(deliverable) and assembly.version_moved(state):",
+        "                if False:",
+        "a rank waiting for another's publish learns of it before its next read, not at its "
+        "next look at its envs (a sync step's groups are deliverable only at the new version)",
+        ("tests/test_rollout.py::test_a_rank_that_does_not_publish_waits_for_the_one_that_does",),
+    ),
+    Mutant(
         "train-publishes-an-exhausted-step", "rollstream/trainer.py",
         "        except StepExhausted as exc:",
         "        except ZeroDivisionError as exc:",

@@ -34,6 +34,7 @@ from helpers import (
     wait_for,
 )
 
+import consumer.assembly as assembly_module
 import producers.commit
 import producers.shard_runner
 from consumer import Batcher
@@ -658,15 +659,15 @@ def test_two_batchers_split_the_groups(r, run, producer_thread):
 
 @pytest.mark.parametrize("ratio", [0, 1])
 def test_a_rank_that_does_not_publish_waits_for_the_one_that_does(r, run, producer_thread,
-                                                                  ratio):
+                                                                  ratio, monkeypatch):
     """Two batchers split the groups and only rank 0 publishes. Rank 1, having taken every
     episode admitted at version 0, asks again before that publish: it waits for it (it got
     StepExhausted at once, advice only a publishing rank can follow) and then gets the next
-    episodes."""
+    episodes, learning of the publish before a read, not at its next look at its envs (no
+    look comes once it waits: in sync mode the step's groups are deliverable only at the new
+    version)."""
     config = small_config(rollout_batch_size=8, async_generation_ratio=ratio)
     rank0 = Batcher(r, config, run=run, index=0, count=2, consumer="rank0")
-    # block_ms: rank 1 learns of the publish at a look between reads; it hands out after the
-    # read that follows, at most 0.1 s on
     rank1 = Batcher(r, config, run=run, index=1, count=2, consumer="rank1", block_ms=100)
     producer_thread()
     for _ in range(ratio + 1):  # every episode admitted at version 0
@@ -679,6 +680,7 @@ def test_a_rank_that_does_not_publish_waits_for_the_one_that_does(r, run, produc
     wait_for(lambda: result or state.looked_at >= asked, what="rank 1 to look at its envs")
     wait_for(lambda: result or blocked_in_xreadgroup(r), what="rank 1 waiting in a read")
     assert not result, result  # no StepExhausted: it looked, and waits for the publish
+    monkeypatch.setattr(assembly_module, "LOOK_EVERY_S", 1e9)  # no look from now on
     rank0.ack(rank0.get_batch("train", timeout_s=20))
     publish(rank0)
     ahead.join(35)
