@@ -422,7 +422,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "batcher-rank-sees-publish-before-read", "consumer/waiting.py",
-        "                if assembly.awaits_publish(deliverable) and assembly.version_moved(state):",
+        "                if assembly.awaits_publish(deliverable) and "
+        "assembly.version_moved(state):",
         "                if False:",
         "a rank waiting for another's publish learns of it before its next read, not at its "
         "next look at its envs (a sync step's groups are deliverable only at the new version)",
