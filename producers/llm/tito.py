@@ -31,9 +31,8 @@ whatever the template does to earlier turns.
   comes with it) and `return_token_ids`.
 - **The echo**: vLLM and SGLang send the prompt's ids back with `return_token_ids`
   (`prompt_token_ids`); the producer sent them and keeps what it sent, so the echo is cut
-  from the answer's bytes before they are parsed (`without_prompt_echo`): parsing ~900
-  echoed ids into Python ints was ~half of decoding an answer (88 us against 36 us for a
-  FrozenLake turn's answer, timed here).
+  from the answer's bytes before they are parsed (`without_prompt_echo`): the stand-in's
+  answer to a 900-token prompt decoded in 28.6 us with its echo, 8.3 us without (timed here).
 - **The reply**: response ids from the server where it gives them (vLLM's and SGLang's
   `choices[0].token_ids` with `return_token_ids`, completion/protocol.py:688 and
   protocol.py:513; llama-server's `tokens`: a llama-server gets token-id prompts at its own
