@@ -302,10 +302,15 @@ class Assembly:
         that publish (`awaits_publish`) asks before each read, not at `nothing_more`'s look
         every `LOOK_EVERY_S`: a sync step's groups become deliverable only at the new
         version, and learning of it a look later cost every step up to a second."""
-        raw = self.redis.get(self.keys.version)
-        if raw is None or int(raw) <= self._shared.version:
+        return self._adopt(state, int(self.redis.get(self.keys.version) or 0))
+
+    def _adopt(self, state: ModeState, current: int) -> bool:
+        """Take the run's version `current` when another batcher published a newer one
+        (evicting what it expired); False when it is not newer (lower: Redis lost it; the
+        next get_batch puts it back)."""
+        if current <= self._shared.version:
             return False
-        self._shared.version = int(raw)
+        self._shared.version = current
         self.evict_expired(state)
         return True
 
@@ -330,10 +335,8 @@ class Assembly:
         version, cursors, *lengths = pipe.execute()
         current = int(version or 0)
         if current != self._shared.version:
-            if current > self._shared.version:  # another batcher published while it waited
-                self._shared.version = current
-                self.evict_expired(state)
-            return False  # (lower: Redis lost it; the next get_batch puts it back)
+            self._adopt(state, current)  # another batcher published while it waited
+            return False
         limit = state.schedule.admit_limit(current)
         if any(cursor is None or int(cursor) < limit for cursor in cursors):
             return False

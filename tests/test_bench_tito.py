@@ -17,5 +17,5 @@ def test_bench_tito_alternates_the_arms_and_prints_the_medians_and_the_verdict()
     out = bench("bench/bench_tito.py", "--seconds", "0.5", "--latency-s", "0.01",
                 "--warmup-batches", "0", "--groups", "4", "--repeat", "2", timeout=240)
     assert "chat requests:" in out and "token-in/token-out:" in out, out
-    assert "ratio token-in/token-out / chat, median of 2 rounds:" in out, out
+    assert "ratio token-in/token-out / chat, median of 2 round(s):" in out, out
     assert out.count(" / ") >= 3 and "target: at most 1.11x" in out, out

@@ -32,7 +32,8 @@ whatever the template does to earlier turns.
 - **The echo**: vLLM and SGLang send the prompt's ids back with `return_token_ids`
   (`prompt_token_ids`); the producer sent them and keeps what it sent, so the echo is cut
   from the answer's bytes before they are parsed (`without_prompt_echo`): the stand-in's
-  answer to a 900-token prompt decoded in 28.6 us with its echo, 8.3 us without (timed here).
+  answer to a 900-token prompt decoded in 28.6 us with its echo, 8.3 us without (a one-off
+  timeit, docs/decisions/performance.md).
 - **The reply**: response ids from the server where it gives them (vLLM's and SGLang's
   `choices[0].token_ids` with `return_token_ids`, completion/protocol.py:688 and
   protocol.py:513; llama-server's `tokens`: a llama-server gets token-id prompts at its own
@@ -88,9 +89,9 @@ def extend(template: ChatTemplate, prompt: Ids, sampled: Ids,
     """prompt + sampled + the template's close of the reply (less what the sampled ids
     already end with) + the new messages' tokens and the generation prompt."""
     close = template.close_ids
-    tail = sampled[len(sampled) - len(close):].tolist()  # (its last len(close) ids)
+    tail = sampled[len(sampled) - len(close):].tolist()  # its last len(close) ids at most
     overlap = 0
-    for k in range(min(len(close), len(tail)), 0, -1):
+    for k in range(len(tail), 0, -1):
         if tail[-k:] == close[:k]:
             overlap = k
             break
